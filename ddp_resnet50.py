@@ -258,7 +258,8 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
         "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
         "cudnn_benchmark": device_type == "cuda", "timeout_s": args.timeout,
         "output": os.path.abspath(output), "overwrite": args.overwrite,
-        "inject_fault": args.inject_fault,
+        "inject_fault": args.inject_fault, "inject_fault_rank": args.inject_fault_rank,
+        "inject_fault_step": args.inject_fault_step,
     }
 
 
@@ -604,7 +605,7 @@ def measure(step, config, device, rank, world_size, monitor, stop):
             record["steps_run"] += 1
             if timed:
                 timer.mark()
-            if rank == 0 and (not timed or (index + 1) % progress_every == 0 or index + 1 == count):
+            if rank == 0 and (not timed or index == 0 or (index + 1) % progress_every == 0 or index + 1 == count):
                 print(f"  {'measuring' if timed else 'warm-up'} step {index + 1}/{count} (queued)", flush=True)
             record["signal"] = stop.agreed(monitor, world_size)
             if record["signal"]:
@@ -807,7 +808,7 @@ def main(argv=None):
     device_count = torch.cuda.device_count() if cuda_available else 0
     bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
     config = resolve_harness_config(args, launch, STRATEGY, cuda_available, device_count, bf16_supported)
-    config.update(bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
+    config.update(model="resnet50", bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
                   static_graph=args.static_graph, optimizer="sgd",
                   optimizer_impl="fused" if config["device"] == "cuda" else "foreach")
     rank, world_size = launch["rank"], launch["world_size"]

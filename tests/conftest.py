@@ -1,0 +1,75 @@
+"""Helpers for running the real benchmark scripts on the CPU (gloo, 32 px, tiny batches)."""
+import importlib.util
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NATIVE = ROOT / "ddp_resnet50.py"
+LIGHTNING = ROOT / "lightning" / "ddp_resnet50.py"
+OSS = ROOT / "oss_benchmark.py"
+SCHEMA = json.loads((ROOT / "schema" / "result.schema.json").read_text())
+# Small enough for 2 CPU cores: every test still runs the whole script end to end.
+SMALL = ["--device", "cpu", "--image-size", "32", "--batch-size-per-device", "4", "--warmup-steps", "2",
+         "--steps", "4", "--lr", "0.01"]
+
+
+def load_script(path, name=None):
+    """Import a single-file script as a module (for its pure functions)."""
+    spec = importlib.util.spec_from_file_location(name or path.stem + "_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env(**extra):
+    """The environment of a fresh shell: no launcher or Slurm variables leaking in from outside."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "TORCHELASTIC_", "PET_")) and k not in
+           {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"}}
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def run_script(script, args, nproc=1, nnodes=1, timeout=300, env=None, cwd=None):
+    """Run a script as a user would: plain python for one process, torchrun --standalone for several."""
+    if nproc > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+                   str(script), *args]
+    else:
+        command = [sys.executable, str(script), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env or clean_env(),
+                          cwd=cwd or ROOT)
+
+
+def validate(result):
+    import jsonschema
+    jsonschema.validate(result, SCHEMA)
+    return result
+
+
+def read_result(path):
+    return validate(json.loads(pathlib.Path(path).read_text()))
+
+
+def one_error_line(stderr):
+    """The non-empty lines a failing run printed: bad input must give exactly one, and no traceback."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stderr, stderr
+    return lines
+
+
+@pytest.fixture(scope="session")
+def native():
+    return load_script(NATIVE, "ddp_resnet50_under_test")

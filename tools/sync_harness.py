@@ -1,0 +1,56 @@
+"""Copy the shared harness block of ddp_resnet50.py into the other benchmark scripts.
+
+The scripts are single files on purpose (copy one to a cluster, read it top to bottom), so the harness
+(argument checks, timing, statistics, environment capture, JSON writing, failure handling) is repeated
+in each. ddp_resnet50.py holds the master copy; this tool replaces the block between the markers in
+the others, and `--check` only reports whether they differ (tests/test_harness_copies.py runs it).
+
+    python tools/sync_harness.py          # copy
+    python tools/sync_harness.py --check  # exit 1 when a copy differs
+"""
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MASTER = ROOT / "ddp_resnet50.py"
+COPIES = [ROOT / "lightning" / "ddp_resnet50.py", ROOT / "oss_benchmark.py"]
+BEGIN = "# ============================================================================ harness\n"
+END = "# ============================================================================ end of harness\n"
+
+
+def harness_block(text, path):
+    if text.count(BEGIN) != 1 or text.count(END) != 1:
+        raise SystemExit(f"{path}: needs exactly one harness begin and end marker")
+    start, stop = text.index(BEGIN), text.index(END) + len(END)
+    return start, stop
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="report differing copies instead of copying")
+    args = parser.parse_args()
+    master = MASTER.read_text()
+    start, stop = harness_block(master, MASTER)
+    block = master[start:stop]
+    differing = []
+    for path in COPIES:
+        if not path.exists():
+            differing.append(f"{path.relative_to(ROOT)} (missing)")
+            continue
+        text = path.read_text()
+        begin, end = harness_block(text, path)
+        if text[begin:end] != block:
+            differing.append(str(path.relative_to(ROOT)))
+            if not args.check:
+                path.write_text(text[:begin] + block + text[end:])
+    if args.check and differing:
+        print("harness differs from ddp_resnet50.py in: " + ", ".join(differing))
+        return 1
+    if differing:
+        print("copied the harness into: " + ", ".join(differing))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
