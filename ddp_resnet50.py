@@ -726,15 +726,17 @@ def fail(error, result, rank, world_size, store, device, wall_start):
     kind = "interrupted" if isinstance(error, KeyboardInterrupt) else "oom" if is_out_of_memory(error) else "error"
     message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
     own = {"kind": kind, "rank": rank, "message": message}
-    if kind == "oom" and device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        own.update(batch_size_per_device=result["config"]["batch_size_per_device"], device_free_mib=mib(free),
-                   device_total_mib=mib(total), allocated_mib=mib(torch.cuda.memory_allocated(device)),
-                   peak_allocated_mib=mib(torch.cuda.max_memory_allocated(device)))
+    if kind == "oom":
+        own["batch_size_per_device"] = result["config"]["batch_size_per_device"]
+        if device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            own.update(device_free_mib=mib(free), device_total_mib=mib(total),
+                       allocated_mib=mib(torch.cuda.memory_allocated(device)),
+                       peak_allocated_mib=mib(torch.cuda.max_memory_allocated(device)))
     record_failure(store, rank, own)
     if rank != 0:
         print(f"[rank {rank}] {kind}: {message}", file=sys.stderr, flush=True)
-        os._exit(exit_code_for(kind))
+        os._exit(exit_code_for(kind, signal.SIGINT))
     # A peer's recorded failure explains a broken collective better than the broken collective does.
     peer = failure_from_peers(store, rank, world_size) if world_size > 1 and kind == "error" else None
     failure = peer or own
@@ -746,7 +748,7 @@ def fail(error, result, rank, world_size, store, device, wall_start):
         where = f"no result written ({write_error})"
     print(f"{BENCHMARK}: {failure['kind']} on rank {failure['rank']}: {failure['message']} -> {where}",
           file=sys.stderr, flush=True)
-    os._exit(exit_code_for(failure["kind"]))
+    os._exit(exit_code_for(failure["kind"], signal.SIGINT))
 
 # ============================================================================ end of harness
 
