@@ -74,6 +74,10 @@ class UsageError(Exception):
     """Bad input: one line naming the broken rule, exit code 2, nothing written."""
 
 
+class LaunchError(UsageError):
+    """Bad launcher or Slurm variables: they may differ between ranks, so every rank says what it saw."""
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(message)
@@ -133,7 +137,7 @@ def parse_slurm_tasks_per_node(text):
     for part in text.split(","):
         match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
         if not match:
-            raise UsageError(f"cannot read Slurm's tasks per node {text!r}")
+            raise LaunchError(f"cannot read Slurm's tasks per node {text!r}")
         counts += [int(match.group(1))] * int(match.group(2) or 1)
     return counts
 
@@ -142,7 +146,7 @@ def first_slurm_host(nodelist):
     """First host of a Slurm node list: 'gpu[007-009,012],cpu1' -> 'gpu007'."""
     match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
     if not match:
-        raise UsageError(f"cannot read Slurm's node list {nodelist!r}")
+        raise LaunchError(f"cannot read Slurm's node list {nodelist!r}")
     prefix, ranges = match.groups()
     return prefix + (ranges.split(",")[0].split("-")[0] if ranges else "")
 
@@ -153,7 +157,7 @@ def detect_launch(env):
         try:
             return int(env[name])
         except ValueError:
-            raise UsageError(f"{name}={env[name]!r} is not an integer") from None
+            raise LaunchError(f"{name}={env[name]!r} is not an integer") from None
 
     launch = {"slurm_job_id": env.get("SLURM_JOB_ID")}
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -161,7 +165,7 @@ def detect_launch(env):
         local_rank = integer("LOCAL_RANK") if "LOCAL_RANK" in env else rank
         local_world = integer("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world
         if not (0 <= rank < world and 0 <= local_rank < local_world <= world) or world % local_world:
-            raise UsageError(f"inconsistent launcher variables: RANK={rank} WORLD_SIZE={world} "
+            raise LaunchError(f"inconsistent launcher variables: RANK={rank} WORLD_SIZE={world} "
                              f"LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}")
         launch.update(launcher="torchrun" if "TORCHELASTIC_RUN_ID" in env else "env", rank=rank,
                       world_size=world, local_rank=local_rank, local_world_size=local_world,
@@ -172,16 +176,16 @@ def detect_launch(env):
         node, nodes = integer("SLURM_NODEID"), integer("SLURM_STEP_NUM_NODES")
         per_node = parse_slurm_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE", str(world)))
         if "SLURM_NTASKS" in env and integer("SLURM_NTASKS") < world:
-            raise UsageError(f"Slurm step has {world} tasks but the job only SLURM_NTASKS={env['SLURM_NTASKS']}")
+            raise LaunchError(f"Slurm step has {world} tasks but the job only SLURM_NTASKS={env['SLURM_NTASKS']}")
         if len(per_node) != nodes or sum(per_node) != world:
-            raise UsageError(f"Slurm variables disagree: {nodes} nodes with tasks {per_node} "
+            raise LaunchError(f"Slurm variables disagree: {nodes} nodes with tasks {per_node} "
                              f"but {world} tasks in the step")
         if not (0 <= rank < world and 0 <= node < nodes and 0 <= local_rank < per_node[node]):
-            raise UsageError(f"Slurm variables disagree: SLURM_PROCID={rank} SLURM_LOCALID={local_rank} "
+            raise LaunchError(f"Slurm variables disagree: SLURM_PROCID={rank} SLURM_LOCALID={local_rank} "
                              f"SLURM_NODEID={node} for {world} tasks on {nodes} nodes {per_node}")
         if "SLURM_NTASKS_PER_NODE" in env and len(set(per_node)) == 1 \
                 and parse_slurm_tasks_per_node(env["SLURM_NTASKS_PER_NODE"])[0] != per_node[0]:
-            raise UsageError(f"Slurm variables disagree: SLURM_NTASKS_PER_NODE={env['SLURM_NTASKS_PER_NODE']} "
+            raise LaunchError(f"Slurm variables disagree: SLURM_NTASKS_PER_NODE={env['SLURM_NTASKS_PER_NODE']} "
                              f"but the step runs {per_node[0]} tasks per node")
         job = integer("SLURM_JOB_ID") if "SLURM_JOB_ID" in env else 0
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
@@ -587,8 +591,11 @@ def run_guarded(main):
     try:
         sys.exit(main())
     except UsageError as error:
-        if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
-            print(f"{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr, flush=True)
+        rank = os.environ.get("RANK") or (os.environ.get("SLURM_PROCID") if "SLURM_STEP_NUM_TASKS" in os.environ
+                                          else None) or "0"
+        if rank == "0" or isinstance(error, LaunchError):
+            prefix = "" if rank == "0" else f"[rank {rank}] "
+            print(f"{prefix}{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
 
 def measure(step, config, device, rank, world_size, monitor, stop):

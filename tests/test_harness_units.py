@@ -1,0 +1,164 @@
+"""The harness's pure parts: statistics, launch detection, precision and batch resolution, atomic writes."""
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+
+import pytest
+import torch
+
+
+def args_for(native, *argv):
+    return native.parse_arguments(list(argv))
+
+
+def test_statistics_match_the_textbook_definitions(native):
+    values = [random.Random(1).uniform(1, 100) for _ in range(101)]
+    stats = native.summarize(values)
+    assert stats["median"] == statistics.median(values)
+    assert stats["mean"] == pytest.approx(statistics.fmean(values))
+    assert stats["p90"] == pytest.approx(statistics.quantiles(values, n=10, method="inclusive")[-1])
+    assert stats["p99"] == pytest.approx(statistics.quantiles(values, n=100, method="inclusive")[-1])
+    assert stats["mad"] == statistics.median([abs(v - stats["median"]) for v in values])
+    assert (stats["min"], stats["max"], stats["count"]) == (min(values), max(values), 101)
+    assert native.summarize([]) is None
+    assert native.summarize([2.0])["p99"] == 2.0
+    assert native.median([1, 2, 3, 10]) == 2.5
+
+
+@pytest.mark.parametrize("requested,device,bf16,expected", [
+    ("auto", "cpu", False, "fp32"), ("bf16", "cpu", False, "bf16"), ("auto", "cuda", True, "bf16"),
+    ("auto", "cuda", False, "fp16"), ("fp32", "cuda", True, "fp32"), ("fp16", "cuda", True, "fp16"),
+])
+def test_precision_resolution(native, requested, device, bf16, expected):
+    assert native.resolve_precision(requested, device, bf16) == expected
+
+
+@pytest.mark.parametrize("requested,device,bf16,rule", [
+    ("fp16", "cpu", False, "fp16 needs a GPU"), ("bf16", "cuda", False, "bf16 is not supported"),
+])
+def test_precision_rules(native, requested, device, bf16, rule):
+    with pytest.raises(native.UsageError, match=rule):
+        native.resolve_precision(requested, device, bf16)
+
+
+def test_batch_modes(native):
+    assert native.resolve_batch(args_for(native), 4, "cuda") == ("per_device", 256, 1024)
+    assert native.resolve_batch(args_for(native), 2, "cpu") == ("per_device", 8, 16)
+    assert native.resolve_batch(args_for(native, "--batch-size-per-device", "32"), 3, "cuda") == ("per_device", 32, 96)
+    assert native.resolve_batch(args_for(native, "--global-batch-size", "1024"), 4, "cuda") == ("global", 256, 1024)
+    with pytest.raises(native.UsageError, match="not divisible by the world size 3"):
+        native.resolve_batch(args_for(native, "--global-batch-size", "1024"), 3, "cuda")
+
+
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "head",
+            "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "x"}
+SRUN = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_NUM_TASKS": "8",
+        "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NTASKS": "8",
+        "SLURM_JOB_ID": "123456", "SLURM_STEP_NODELIST": "gpu[007-008]", "SLURM_NTASKS_PER_NODE": "4"}
+
+
+def test_launch_detection(native):
+    assert native.detect_launch({})["launcher"] == "single"
+    torchrun = native.detect_launch(TORCHRUN)
+    assert (torchrun["launcher"], torchrun["rank"], torchrun["world_size"], torchrun["num_nodes"]) == \
+        ("torchrun", 1, 4, 2)
+    slurm = native.detect_launch(SRUN)
+    assert slurm == {**slurm, "launcher": "slurm", "rank": 5, "local_rank": 1, "world_size": 8,
+                     "local_world_size": 4, "num_nodes": 2, "master_addr": "gpu007",
+                     "master_port": 15000 + 123456 % 20000, "slurm_job_id": "123456"}
+    # torchrun's variables win over Slurm's (srun torchrun: SLURM_PROCID is the node rank)
+    both = native.detect_launch({**SRUN, **TORCHRUN})
+    assert both["launcher"] == "torchrun" and both["slurm_job_id"] == "123456"
+    # The batch step of an sbatch script (no srun) is one process, not rank 0 of 8.
+    batch = {k: v for k, v in SRUN.items() if not k.startswith("SLURM_STEP")}
+    assert native.detect_launch(batch)["launcher"] == "single"
+
+
+@pytest.mark.parametrize("override,rule", [
+    ({"SLURM_PROCID": "8"}, "disagree"), ({"SLURM_LOCALID": "4"}, "disagree"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "3(x2)"}, "disagree"), ({"SLURM_NTASKS_PER_NODE": "2"}, "disagree"),
+    ({"SLURM_NTASKS": "4"}, "only SLURM_NTASKS"), ({"SLURM_NODEID": "2"}, "disagree"),
+    ({"SLURM_PROCID": "x"}, "not an integer"),
+])
+def test_contradicting_slurm_variables(native, override, rule):
+    with pytest.raises(native.UsageError, match=rule):
+        native.detect_launch({**SRUN, **override})
+
+
+def test_contradicting_torchrun_variables(native):
+    with pytest.raises(native.UsageError, match="inconsistent launcher variables"):
+        native.detect_launch({**TORCHRUN, "RANK": "4"})
+
+
+def test_slurm_helpers(native):
+    assert native.parse_slurm_tasks_per_node("4(x2),3") == [4, 4, 3]
+    assert native.first_slurm_host("gpu[007-009,012],cpu1") == "gpu007"
+    assert native.first_slurm_host("node12") == "node12"
+    assert native.first_slurm_host("a[1,3]") == "a1"
+
+
+def resolve(native, argv, env=None, cuda=True, count=8, bf16=True):
+    args = args_for(native, *argv)
+    return native.resolve_harness_config(args, native.detect_launch(env or {}), "ddp", cuda, count, bf16)
+
+
+def test_more_ranks_on_a_node_than_gpus(native, tmp_path):
+    out = ["--output", str(tmp_path / "r.json")]
+    with pytest.raises(native.UsageError, match="2 ranks on this node but only 1 GPUs"):
+        resolve(native, out, env={**TORCHRUN, "LOCAL_WORLD_SIZE": "2"}, count=1)
+    with pytest.raises(native.UsageError, match="only 2 GPUs allocated"):
+        resolve(native, out, env={**SRUN, "SLURM_GPUS_ON_NODE": "2"})
+    # One GPU bound to each Slurm task is fine: the rank picks local_rank % device_count.
+    assert resolve(native, out, env=SRUN, count=1)["global_batch_size"] == 8 * 256
+
+
+def test_resolved_config_records_requested_and_resolved_values(native, tmp_path):
+    config = resolve(native, ["--output", str(tmp_path / "r.json"), "--compile-mode", "max-autotune"])
+    assert (config["precision_requested"], config["precision"]) == ("auto", "bf16")
+    assert (config["memory_format_requested"], config["memory_format"]) == ("auto", "channels_last")
+    assert config["compile"] is True and config["compile_mode"] == "max-autotune"
+    assert config["grad_scaler"] is False
+    assert resolve(native, ["--output", str(tmp_path / "r.json"), "--precision", "fp16"])["grad_scaler"] is True
+
+
+def test_output_rules(native, tmp_path):
+    existing = tmp_path / "exists.json"
+    existing.write_text("{}")
+    with pytest.raises(native.UsageError, match="exists: pass --overwrite"):
+        native.check_output_path(str(existing), overwrite=False)
+    native.check_output_path(str(existing), overwrite=True)
+    native.check_output_path(str(tmp_path / "new" / "deeper" / "r.json"), overwrite=False)  # created later
+    with pytest.raises(native.UsageError, match="cannot be written"):
+        native.check_output_path(str(existing / "below-a-file.json"), overwrite=False)
+    with pytest.raises(native.UsageError, match="is a directory"):
+        native.check_output_path(str(tmp_path), overwrite=False)
+
+
+def test_atomic_write_leaves_no_partial_file(native, tmp_path):
+    target = tmp_path / "sub" / "result.json"
+    native.write_json_atomically(str(target), {"a": 1})
+    assert json.loads(target.read_text()) == {"a": 1}
+    with pytest.raises(ValueError):  # NaN is not JSON: the dump fails half-way
+        native.write_json_atomically(str(target), {"a": 2, "b": [1.0] * 1000 + [math.nan]})
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert os.listdir(target.parent) == ["result.json"]
+
+
+def test_checksums_detect_a_changed_replica(native):
+    params = [torch.randn(3, 4), torch.randn(5)]
+    same = native.parameter_checksums(params)
+    assert native.compare_checksums([same, same.clone()]) == (True, 0.0)
+    params[1] = params[1].clone()
+    params[1][0] += 1e-4
+    synced, largest = native.compare_checksums([same, native.parameter_checksums(params)])
+    assert not synced and largest > 0
+
+
+def test_flop_count_comes_from_the_model(native):
+    flops = native.model_flops_per_image(native.build_model, 224)
+    assert 23e9 < flops < 26e9  # ResNet-50 training: about 3 x 4.1 GMAC x 2 FLOP per image
+    assert native.model_flops_per_image(native.build_model, 112) == pytest.approx(flops / 4, rel=0.1)  # padding
+    assert native.peak_tflops("NVIDIA H200", "bf16") == 989.0 and native.peak_tflops("Some GPU", "bf16") is None
