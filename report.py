@@ -1,0 +1,874 @@
+"""Tables, plots and a regression check from the benchmarks' result files (schema/result.schema.json).
+
+    python report.py results/                                   # Markdown report on stdout
+    python report.py results/ runs/ --markdown report.md --plots plots/
+    python report.py runs/ci.json --check-against results/nvidia-h200-x8-2026-11-30 --tolerance 5%
+    python report.py results --update-readme README.md          # rewrite the README's results section
+    python report.py results --check-readme README.md           # exit 1 when that section is stale
+
+Inputs are result files or folders, searched recursively for *.json (hidden files, such as a run's
+half-written .tmp-*.json, are left out). A file that cannot be read, is not JSON, is not a result or has
+another schema_version is skipped with a one-line warning on stderr.
+
+A configuration is everything that changes what is measured: the device (GPU name, or the CPU), the torch
+version, model, image size, precision, memory format, compile mode, optimizer, then the benchmark, strategy,
+script-specific options (e.g. DDP's bucket size; shown next to the strategy where they differ between runs),
+node count, world size, batch mode and batch sizes. Step counts, seeds, learning rate and output paths are not
+part of it. Results with the same configuration are repeats: the ok ones become one row (the median of each
+figure over the repeats, and the spread (max - min) / median of their throughput, which says whether a re-run
+agrees within a few per cent); a result that did not end ok gets a row of its own, marked with its status, and
+is left out of every comparison.
+
+Tables (Markdown): every configuration (rank 0's median throughput ± MAD, the all-GPU throughput, peak
+memory); weak scaling (efficiency = throughput at N / (N x throughput at 1)) and strong scaling (speed-up);
+Lightning over native DDP; the sharding strategies of oss_benchmark.py with the memory they save against its
+ddp strategy. Throughput is images of all ranks / wall time of the timed steps (`images_per_second`); peak
+memory is the largest `max_memory_allocated` over the ranks (none on the CPU).
+
+Regression check: every current result is compared with the reference result(s) of the same configuration
+(software versions aside: catching what a new version costs is the point). A throughput drop or a peak
+memory rise beyond the tolerance, or a status other than ok, is a violation: one line each, exit 1.
+
+Exit codes: 0 fine, 1 regression or stale README, 2 unusable invocation (one line on stderr).
+"""
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import re
+import statistics
+import sys
+from collections import defaultdict, namedtuple
+
+SCHEMA_VERSION = 1
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+STATUSES = ("ok", "oom", "desync", "error", "interrupted")
+NATIVE, LIGHTNING, OSS = "ddp_resnet50.py", "lightning/ddp_resnet50.py", "oss_benchmark.py"
+# oss_benchmark.py's strategies from the plainest to the most sharded; others follow alphabetically.
+SHARDING_ORDER = ("ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "zero1_overlap", "fsdp_zero2", "fsdp_zero3")
+README_BEGIN, README_END = "<!-- report:begin -->", "<!-- report:end -->"
+NO_RESULTS = ("No results committed yet: run the benchmarks on a GPU machine, put the result files under "
+              "`results/<machine kind>-<date>/` (see `results/README.md`) and run "
+              "`python report.py results --update-readme README.md`.")
+
+SETUP_FIELDS = ("device", "device_name", "torch", "model", "image_size", "precision", "memory_format",
+                "compile_mode", "optimizer")
+RUN_FIELDS = ("benchmark", "strategy", "options", "num_nodes", "world_size", "batch_mode",
+              "batch_size_per_device", "global_batch_size")
+Config = namedtuple("Config", SETUP_FIELDS + RUN_FIELDS)
+# Config entries that are keyed above, follow from a keyed one, or do not change what is measured;
+# every other entry of a result's config is a script-specific option and part of the configuration.
+NOT_OPTIONS = {"benchmark", "strategy", "device", "backend", "model", "image_size", "batch_mode",
+               "batch_size_per_device", "global_batch_size", "warmup_steps", "steps", "precision_requested",
+               "precision", "grad_scaler", "tf32", "memory_format_requested", "memory_format", "compile",
+               "compile_mode", "optimizer", "lr", "seed", "cudnn_benchmark", "timeout_s", "output", "overwrite",
+               "inject_fault", "inject_fault_rank", "inject_fault_step",
+               "cpu_threads_per_rank"}  # CPU runs: the cores shared out over the ranks, so it follows the world size
+
+# The fields this report reads, with the types it can work with (a subset of the schema).
+NUMBER, OPTIONAL_NUMBER = "number", "number or null"
+REQUIRED_FIELDS = [
+    ("benchmark", str), ("strategy", str), ("status", str), ("config", dict), ("world", dict),
+    ("config.device", str), ("config.image_size", int), ("config.batch_mode", str),
+    ("config.batch_size_per_device", int), ("config.global_batch_size", int), ("config.precision", str),
+    ("config.memory_format", str), ("config.optimizer", str), ("world.world_size", int), ("world.num_nodes", int),
+]
+OPTIONAL_FIELDS = [
+    ("config.model", str), ("config.compile_mode", str), ("software", dict), ("software.torch", str),
+    ("hardware", dict), ("hardware.ranks", list), ("hardware.cpu", str), ("failure", dict),
+    ("failure.message", str), ("throughput", dict), ("memory", dict),
+    ("throughput.images_per_second", NUMBER), ("throughput.rank0_median_images_per_second", NUMBER),
+    ("throughput.rank0_mad_images_per_second", NUMBER), ("memory.peak_allocated_mib", OPTIONAL_NUMBER),
+    ("memory.peak_reserved_mib", OPTIONAL_NUMBER), ("step_times_ms_per_rank", list),
+]
+
+
+class UsageError(Exception):
+    """An invocation this report cannot serve: one line on stderr, exit 2."""
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+# ---------------------------------------------------------------------------- reading results
+
+def find_result_files(paths):
+    files, seen = [], set()
+    for given in paths:
+        path = pathlib.Path(given)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*.json")
+                           if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        elif path.is_file():
+            found = [path]
+        else:
+            raise UsageError(f"{given}: no such file or folder")
+        for file in found:
+            if file.resolve() not in seen:
+                seen.add(file.resolve())
+                files.append(file)
+    return files
+
+
+def is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def lookup(result, dotted):
+    value = result
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return KeyError
+        value = value[part]
+    return value
+
+
+def has_type(value, expected):
+    if expected == NUMBER:
+        return is_number(value)
+    if expected == OPTIONAL_NUMBER:
+        return value is None or is_number(value)
+    return isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+
+
+def problem_with(result):
+    """Why a parsed JSON document cannot be read as a result, or None."""
+    if not isinstance(result, dict) or "schema_version" not in result:
+        return "not a benchmark result (no schema_version)"
+    if result["schema_version"] != SCHEMA_VERSION:
+        return f"schema_version {result['schema_version']!r}, this report reads version {SCHEMA_VERSION}"
+    for dotted, expected in REQUIRED_FIELDS:
+        value = lookup(result, dotted)
+        if value is KeyError:
+            return f"not a benchmark result ({dotted} is missing)"
+        if not has_type(value, expected):
+            return f"{dotted} is {value!r}, not a {getattr(expected, '__name__', expected)}"
+    for dotted, expected in OPTIONAL_FIELDS:
+        value = lookup(result, dotted)
+        if value is not KeyError and value is not None and not has_type(value, expected):
+            return f"{dotted} is {value!r}, not a {getattr(expected, '__name__', expected)}"
+    if result["status"] not in STATUSES:
+        return f"status {result['status']!r} is none of {', '.join(STATUSES)}"
+    if result["config"]["batch_mode"] not in ("per_device", "global"):
+        return f"config.batch_mode {result['config']['batch_mode']!r} is neither per_device nor global"
+    if result["status"] == "ok" and not isinstance(result.get("throughput"), dict):
+        return "status ok but no throughput"
+    per_rank = result.get("step_times_ms_per_rank") or []
+    if not all(isinstance(times, list) and all(is_number(t) for t in times) for times in per_rank):
+        return "step_times_ms_per_rank is not a list of lists of numbers"
+    return None
+
+
+def read_result_file(path):
+    """(result, None) or (None, why it was skipped)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        return None, f"cannot be read ({error.__class__.__name__}: {error})"
+    try:
+        result = json.loads(text)
+    except ValueError as error:
+        return None, f"not JSON ({error})"
+    problem = problem_with(result)
+    return (None, problem) if problem else (result, None)
+
+
+def options_of(config):
+    """Script-specific settings as a hashable, sorted tuple of (name, JSON text)."""
+    return tuple(sorted((name, json.dumps(value, sort_keys=True)) for name, value in config.items()
+                        if name not in NOT_OPTIONS))
+
+
+def device_name_of(config, hardware):
+    if config["device"] == "cpu":
+        return f"CPU ({hardware['cpu']})" if hardware.get("cpu") else None
+    names = sorted({rank.get("gpu_name") for rank in hardware.get("ranks") or []
+                    if isinstance(rank, dict) and isinstance(rank.get("gpu_name"), str)})
+    return " + ".join(names) or None  # None: the run failed before it looked at its hardware
+
+
+def make_run(path, result):
+    config, world = result["config"], result["world"]
+    hardware = result.get("hardware") or {}
+    throughput = result.get("throughput") or {}
+    memory = result.get("memory") or {}
+    key = Config(device=config["device"], device_name=device_name_of(config, hardware),
+                 torch=(result.get("software") or {}).get("torch"), model=config.get("model") or "resnet50",
+                 image_size=config["image_size"], precision=config["precision"],
+                 memory_format=config["memory_format"], compile_mode=config.get("compile_mode"),
+                 optimizer=config["optimizer"], benchmark=result["benchmark"], strategy=result["strategy"],
+                 options=options_of(config), num_nodes=world["num_nodes"], world_size=world["world_size"],
+                 batch_mode=config["batch_mode"], batch_size_per_device=config["batch_size_per_device"],
+                 global_batch_size=config["global_batch_size"])
+    return {"path": path, "config": key, "status": result["status"],
+            "failure": (result.get("failure") or {}).get("message"),
+            "images_per_second": throughput.get("images_per_second"),
+            "rank0_median": throughput.get("rank0_median_images_per_second"),
+            "rank0_mad": throughput.get("rank0_mad_images_per_second"),
+            "peak_allocated_mib": memory.get("peak_allocated_mib"),
+            "peak_reserved_mib": memory.get("peak_reserved_mib"),
+            "step_times_ms": [t for times in result.get("step_times_ms_per_rank") or [] for t in times]}
+
+
+def name_unknown_gpus(runs):
+    """A run that failed before it looked at its hardware (an OOM in the first step) takes the device name of
+    the results next to it: one folder of results/ is one machine. Without such neighbours it stays unknown."""
+    names = defaultdict(set)
+    for run in runs:
+        if run["config"].device_name:
+            names[run["path"].parent, run["config"].device].add(run["config"].device_name)
+    for run in runs:
+        if run["config"].device_name is None:
+            known = names[run["path"].parent, run["config"].device]
+            unknown = "unknown GPU" if run["config"].device == "cuda" else "CPU"
+            name = next(iter(known)) if len(known) == 1 else unknown
+            run["config"] = run["config"]._replace(device_name=name)
+    return runs
+
+
+def load_runs(paths, what="input"):
+    """Every readable result under paths; prints a warning for each file skipped."""
+    runs = []
+    for path in find_result_files(paths):
+        result, problem = read_result_file(path)
+        if problem:
+            print(f"report.py: warning: {what} {path}: skipped: {problem}", file=sys.stderr)
+        else:
+            runs.append(make_run(path, result))
+    return name_unknown_gpus(runs)
+
+
+# ---------------------------------------------------------------------------- grouping
+
+def order(config):
+    """A sort key for configurations whose fields may be None."""
+    return tuple((True, "") if value is None else (False, value) for value in config)
+
+
+def aggregate(runs):
+    """One row per configuration of ok repeats (medians, and the spread between repeats), one row per
+    run that did not end ok. Sorted by configuration."""
+    repeats, rows = defaultdict(list), []
+    for run in runs:
+        if run["status"] == "ok":
+            repeats[run["config"]].append(run)
+        else:
+            rows.append(row_of([run], run["status"]))
+    for config, members in repeats.items():
+        rows.append(row_of(members, "ok"))
+    return sorted(rows, key=row_order)
+
+
+def row_order(row):
+    """Setup, then benchmark and strategy, then the scaling series (batch mode, the batch it keeps), then
+    the GPU count: a series reads top to bottom. Failed runs after the ok row of their configuration."""
+    config = row["config"]
+    kept = config.batch_size_per_device if config.batch_mode == "per_device" else config.global_batch_size
+    return (order(setup_of(config)), config.benchmark, strategy_rank(config.strategy), config.options,
+            config.batch_mode, kept, config.world_size, config.num_nodes, order(config), row["status"] != "ok",
+            row["status"], [str(run["path"]) for run in row["runs"]])
+
+
+def median_or_none(values):
+    return None if not values or None in values else statistics.median(values)
+
+
+def row_of(runs, status):
+    throughputs = [run["images_per_second"] for run in runs]
+    known = [value for value in throughputs if value is not None]
+    spread = (max(known) - min(known)) / statistics.median(known) if len(known) > 1 else None
+    return {"config": runs[0]["config"], "status": status, "runs": sorted(runs, key=lambda run: str(run["path"])),
+            "images_per_second": median_or_none(throughputs), "spread": spread,
+            "rank0_median": median_or_none([run["rank0_median"] for run in runs]),
+            "rank0_mad": median_or_none([run["rank0_mad"] for run in runs]),
+            "peak_allocated_mib": median_or_none([run["peak_allocated_mib"] for run in runs]),
+            "peak_reserved_mib": median_or_none([run["peak_reserved_mib"] for run in runs]),
+            "step_times_ms": [t for run in runs for t in run["step_times_ms"]],
+            "failure": runs[0]["failure"]}
+
+
+def setup_of(config):
+    return config[:len(SETUP_FIELDS)]
+
+
+def varying_options(runs):
+    """Per benchmark, the option names whose values differ between its results: only those are shown."""
+    values = defaultdict(lambda: defaultdict(set))
+    for run in runs:
+        options = dict(run["config"].options)
+        for name in {name for other in runs if other["config"].benchmark == run["config"].benchmark
+                     for name, _ in other["config"].options}:
+            values[run["config"].benchmark][name].add(options.get(name))
+    return {benchmark: sorted(name for name, seen in names.items() if len(seen) > 1)
+            for benchmark, names in values.items()}
+
+
+def scaling_series(rows, batch_mode):
+    """Ok rows that differ only in world size (and node count): weak scaling keeps the batch per device,
+    strong scaling the global batch. Only series with two GPU counts or more."""
+    free = {"world_size": None, "num_nodes": None,
+            "global_batch_size" if batch_mode == "per_device" else "batch_size_per_device": None}
+    series = defaultdict(list)
+    for row in rows:
+        if row["status"] == "ok" and row["config"].batch_mode == batch_mode:
+            series[row["config"]._replace(**free)].append(row)
+    return [sorted(members, key=lambda row: (row["config"].world_size, row["config"].num_nodes))
+            for key, members in sorted(series.items(), key=lambda item: order(item[0]))
+            if len({row["config"].world_size for row in members}) > 1]
+
+
+def lightning_pairs(rows):
+    """(native ddp row, lightning_ddp row) of the same configuration, script options aside."""
+    def key(config):
+        return config._replace(benchmark=None, strategy=None, options=None)
+    native = defaultdict(list)
+    for row in rows:
+        if row["status"] == "ok" and (row["config"].benchmark, row["config"].strategy) == (NATIVE, "ddp"):
+            native[key(row["config"])].append(row)
+    lightning = [row for row in rows if row["status"] == "ok" and
+                 (row["config"].benchmark, row["config"].strategy) == (LIGHTNING, "lightning_ddp")]
+    return [(base, row) for row in lightning for base in native.get(key(row["config"]), [])]
+
+
+def sharding_groups(rows):
+    """oss_benchmark.py rows (failed ones included: an OOM is the point of a sharding table) grouped by
+    configuration apart from the strategy, each with its ok ddp row (the baseline) or None."""
+    groups = defaultdict(list)
+    for row in rows:
+        if row["config"].benchmark == OSS:
+            groups[row["config"]._replace(strategy=None, options=None)].append(row)
+    result = []
+    for key, members in sorted(groups.items(), key=lambda item: order(item[0])):
+        members.sort(key=lambda row: (strategy_rank(row["config"].strategy), order(row["config"]),
+                                      row["status"] != "ok"))
+        baselines = [row for row in members if row["status"] == "ok" and row["config"].strategy == "ddp"]
+        result.append((members, baselines[0] if baselines else None))
+    return result
+
+
+def strategy_rank(strategy):
+    return (SHARDING_ORDER.index(strategy), "") if strategy in SHARDING_ORDER else (len(SHARDING_ORDER), strategy)
+
+
+# ---------------------------------------------------------------------------- Markdown
+
+def format_rate(value, like=None):
+    """Images per second: thousands separators; decimals only where the numbers are small (CPU runs)."""
+    if value is None:
+        return "–"
+    scale = abs(like if like is not None else value)
+    decimals = 0 if scale >= 100 else 1 if scale >= 10 else 2
+    return f"{value:,.{decimals}f}"
+
+
+def format_mib(value):
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
+def memory_cell(row):
+    # n/a: the run measured no GPU memory (CPU); –: it did not get that far.
+    missing = row["peak_allocated_mib"] is None and row["status"] != "ok"
+    return "–" if missing else format_mib(row["peak_allocated_mib"])
+
+
+def format_percent(fraction, signed=False):
+    return "–" if fraction is None else f"{fraction * 100:{'+' if signed else ''}.1f} %"
+
+
+def format_ratio(value):
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def format_status(row):
+    return "ok" if row["status"] == "ok" else f"**✗ {row['status']}**"
+
+
+def unit_of(config):
+    return "GPU" if config.device == "cuda" else "process"
+
+
+def units_of(config):
+    return "GPUs" if config.device == "cuda" else "processes"
+
+
+def devices_text(config):
+    nodes = f" ({config.num_nodes} nodes)" if config.num_nodes > 1 else ""
+    return f"{config.world_size}{nodes}"
+
+
+def strategy_text(config, varying):
+    shown = [(name, value) for name, value in config.options if name in varying.get(config.benchmark, [])]
+    missing = [name for name in varying.get(config.benchmark, []) if name not in dict(config.options)]
+    details = [f"{name}={value.strip(chr(34))}" for name, value in shown] + [f"{name} unset" for name in missing]
+    return config.strategy + (f" ({', '.join(details)})" if details else "")
+
+
+def setup_title(setup):
+    config = Config(*setup, *[None] * len(RUN_FIELDS))
+    compiled = "eager" if config.compile_mode is None else f"torch.compile {config.compile_mode}"
+    return (f"{config.device_name} · torch {config.torch or 'unknown'} · {config.model} · {config.image_size} px · "
+            f"{config.precision} · {config.memory_format} · {compiled} · {config.optimizer}")
+
+
+def table(header, lines):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(cells) + " |" for cells in lines]
+    return "\n".join(out)
+
+
+def sources_text(rows, base):
+    counts = defaultdict(int)
+    for row in rows:
+        for run in row["runs"]:
+            counts[display_path(run["path"].parent, base)] += 1
+    return "Results from " + ", ".join(f"`{folder}` ({count} file{'s' * (count > 1)})"
+                                       for folder, count in sorted(counts.items())) + "."
+
+
+def display_path(path, base):
+    return pathlib.Path(os.path.relpath(path.resolve(), base)).as_posix()
+
+
+def all_runs_table(rows, varying):
+    unit, units = unit_of(rows[0]["config"]), units_of(rows[0]["config"])
+    lines, failures = [], []
+    for row in rows:
+        config = row["config"]
+        rank0 = "–" if row["rank0_median"] is None else \
+            f"{format_rate(row['rank0_median'])} ± {format_rate(row['rank0_mad'], like=row['rank0_median'])}"
+        lines.append([config.benchmark, strategy_text(config, varying), devices_text(config),
+                      config.batch_mode.replace("_", " "), str(config.batch_size_per_device),
+                      f"{config.global_batch_size:,}", rank0,
+                      format_rate(row["images_per_second"]), memory_cell(row), str(len(row["runs"])),
+                      format_percent(row["spread"]), format_status(row)])
+        if row["status"] != "ok":
+            failures.append(f"- ✗ {row['status']} in `{row['runs'][0]['path'].name}`: "
+                            f"{row['failure'] or 'no message'}")
+    header = ["benchmark", "strategy", units, "batch mode", f"batch (img/{unit})", "global batch (img)",
+              "Median throughput (img/s) (rank 0) ± MAD", "Throughput (img/s)", "Peak memory (MiB)", "runs",
+              "spread between runs", "status"]
+    return "\n\n".join(["**All configurations**", table(header, lines), *(["\n".join(failures)] if failures else [])])
+
+
+def weak_scaling_table(rows, varying):
+    unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
+    for series in scaling_series(rows, "per_device"):
+        base = series[0]
+        for row in series:
+            config = row["config"]
+            speedup = row["images_per_second"] / base["images_per_second"]
+            efficiency = speedup * base["config"].world_size / config.world_size
+            lines.append([config.benchmark, strategy_text(config, varying), str(config.batch_size_per_device),
+                          devices_text(config), format_rate(row["images_per_second"]),
+                          format_rate(row["images_per_second"] / config.world_size), format_ratio(speedup),
+                          format_percent(efficiency)])
+    if not lines:
+        return None
+    header = ["benchmark", "strategy", f"batch (img/{unit})", units, "Throughput (img/s)",
+              f"Throughput per {unit} (img/s)", f"Speed-up vs fewest {units}", "Scaling efficiency"]
+    return "\n\n".join([f"**Weak scaling** (fixed batch per {unit}; efficiency = throughput at N / "
+                        f"(N × throughput at 1), against the fewest {units} measured where 1 is missing)",
+                        table(header, lines)])
+
+
+def strong_scaling_table(rows, varying):
+    unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
+    for series in scaling_series(rows, "global"):
+        base = series[0]
+        for row in series:
+            config = row["config"]
+            speedup = row["images_per_second"] / base["images_per_second"]
+            ideal = config.world_size / base["config"].world_size
+            lines.append([config.benchmark, strategy_text(config, varying), f"{config.global_batch_size:,}",
+                          devices_text(config), str(config.batch_size_per_device),
+                          format_rate(row["images_per_second"]), format_ratio(speedup), format_ratio(ideal),
+                          format_percent(speedup / ideal)])
+    if not lines:
+        return None
+    header = ["benchmark", "strategy", "global batch (img)", units, f"batch (img/{unit})", "Throughput (img/s)",
+              f"Speed-up vs fewest {units}", "Ideal speed-up", "Scaling efficiency"]
+    return "\n\n".join([f"**Strong scaling** (fixed global batch; speed-up = throughput at N / throughput at 1, "
+                        f"against the fewest {units} measured where 1 is missing)", table(header, lines)])
+
+
+def lightning_table(rows, varying):
+    unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
+    for native, lightning in lightning_pairs(rows):
+        config = lightning["config"]
+        memory_ratio = (lightning["peak_allocated_mib"] / native["peak_allocated_mib"]
+                        if lightning["peak_allocated_mib"] is not None and native["peak_allocated_mib"] else None)
+        lines.append([devices_text(config), config.batch_mode.replace("_", " "), str(config.batch_size_per_device),
+                      strategy_text(native["config"], varying), format_rate(native["images_per_second"]),
+                      strategy_text(config, varying), format_rate(lightning["images_per_second"]),
+                      format_ratio(lightning["images_per_second"] / native["images_per_second"]),
+                      format_mib(native["peak_allocated_mib"]), format_mib(lightning["peak_allocated_mib"]),
+                      format_ratio(memory_ratio)])
+    if not lines:
+        return None
+    header = [units, "batch mode", f"batch (img/{unit})", "native strategy", "native throughput (img/s)",
+              "Lightning strategy", "Lightning throughput (img/s)", "Lightning / native throughput",
+              "native peak memory (MiB)", "Lightning peak memory (MiB)", "Lightning / native memory"]
+    return "\n\n".join(["**Lightning against native DDP** (same configuration; a ratio below 1.00× is "
+                        "Lightning's cost)", table(header, lines)])
+
+
+def sharding_table(rows, varying):
+    unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
+    for members, baseline in sharding_groups(rows):
+        for row in members:
+            config = row["config"]
+            usable = baseline is not None and row["status"] == "ok" and row is not baseline
+            speed = format_ratio(row["images_per_second"] / baseline["images_per_second"]) if usable else "–"
+            saved = "baseline" if row is baseline else "–"
+            if row is baseline:
+                speed = "baseline"
+            elif usable and row["peak_allocated_mib"] is not None and baseline["peak_allocated_mib"]:
+                difference = baseline["peak_allocated_mib"] - row["peak_allocated_mib"]
+                saved = f"{difference:,.0f} MiB ({format_percent(difference / baseline['peak_allocated_mib'])})"
+            rank0 = "–" if row["rank0_median"] is None else \
+                f"{format_rate(row['rank0_median'])} ± {format_rate(row['rank0_mad'], like=row['rank0_median'])}"
+            lines.append([devices_text(config), str(config.batch_size_per_device), strategy_text(config, varying),
+                          rank0, format_rate(row["images_per_second"]), speed, memory_cell(row), saved,
+                          format_status(row)])
+    if not lines:
+        return None
+    header = [units, f"batch (img/{unit})", "strategy", "Median throughput (img/s) (rank 0) ± MAD",
+              "Throughput (img/s)", "Throughput vs ddp", "Peak memory (MiB)", "Memory saved vs ddp", "status"]
+    return "\n\n".join(["**Sharding strategies** (oss_benchmark.py; against its ddp strategy of the same "
+                        "configuration)", table(header, lines)])
+
+
+EXPLANATION = ("Each row is one configuration. Throughput = images of all ranks / wall time of the timed steps; "
+               "rank 0's median throughput ± MAD comes from its per-step times; peak memory = the largest "
+               "`max_memory_allocated` over the ranks (n/a on the CPU). Repeats of a configuration that ended ok "
+               "are aggregated: the median over the runs, and the spread (max − min) / median of their "
+               "throughput. Runs that did not end ok (✗) get a row each and stay out of every comparison.")
+
+
+def render_markdown(runs, base, heading="###"):
+    """The report as deterministic Markdown: everything sorted, no clock. Paths relative to base."""
+    if not runs:
+        return NO_RESULTS + "\n"
+    rows, varying = aggregate(runs), varying_options(runs)
+    setups = defaultdict(list)
+    for row in rows:
+        setups[setup_of(row["config"])].append(row)
+    parts = [EXPLANATION]
+    for setup in sorted(setups, key=order):
+        setup_rows = setups[setup]
+        parts += [f"{heading} {setup_title(setup)}", sources_text(setup_rows, base)]
+        parts += [text for text in (all_runs_table(setup_rows, varying), weak_scaling_table(setup_rows, varying),
+                                    strong_scaling_table(setup_rows, varying), lightning_table(setup_rows, varying),
+                                    sharding_table(setup_rows, varying)) if text]
+    return "\n\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------------------- plots
+
+def row_label(config, varying):
+    devices = f"{devices_text(config)} {unit_of(config) if config.world_size == 1 else units_of(config)}"
+    batch = (f"{config.batch_size_per_device} img/{unit_of(config)}" if config.batch_mode == "per_device"
+             else f"global batch {config.global_batch_size:,}")
+    return f"{config.benchmark} · {strategy_text(config, varying)} · {devices} · {batch}"
+
+
+def slug(text):
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:90]
+
+
+def write_plots(runs, directory):
+    """Throughput against GPU count, step-time distributions and peak memory, one PNG of each per setup."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("--plots needs matplotlib: pip install matplotlib (or pip install -e '.[report]')")
+    matplotlib.use("Agg")  # headless: no display on a cluster or in CI
+    import matplotlib.pyplot as plt
+
+    directory = pathlib.Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"--plots {directory} is a file, not a folder")
+    directory.mkdir(parents=True, exist_ok=True)
+    rows, varying = aggregate(runs), varying_options(runs)
+    setups = defaultdict(list)
+    for row in rows:
+        setups[setup_of(row["config"])].append(row)
+    written, notes = [], []
+    for setup in sorted(setups, key=order):
+        setup_rows, title, name = setups[setup], setup_title(setup), slug(setup_title(setup))
+        for kind, plot in (("scaling", plot_scaling), ("step_times", plot_step_times), ("memory", plot_memory)):
+            figure = plot(plt, setup_rows, varying, title)
+            if figure is None:
+                notes.append(f"no {kind.replace('_', ' ')} plot for {title}: nothing to show "
+                             f"({'no GPU memory counters' if kind == 'memory' else 'no comparable runs'})")
+                continue
+            path = directory / f"{kind}-{name}.png"
+            figure.savefig(path, dpi=120, bbox_inches="tight", metadata={"Software": None})
+            plt.close(figure)
+            written.append(path)
+    return written, notes
+
+
+def plot_scaling(plt, rows, varying, title):
+    panels = [(mode, series) for mode, series in (("per_device", scaling_series(rows, "per_device")),
+                                                  ("global", scaling_series(rows, "global"))) if series]
+    if not panels:
+        return None
+    unit, units = unit_of(rows[0]["config"]), units_of(rows[0]["config"])
+    figure, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False,
+                                layout="constrained")
+    for axis, (mode, series_list) in zip(axes[0], panels):
+        counts = set()
+        for index, series in enumerate(series_list):
+            color = plt.cm.tab10(index % 10)
+            sizes = [row["config"].world_size for row in series]
+            rates = [row["images_per_second"] for row in series]
+            counts.update(sizes)
+            base = series[0]
+            config = base["config"]
+            batch = (f"{config.batch_size_per_device} img/{unit}" if mode == "per_device"
+                     else f"global batch {config.global_batch_size:,}")
+            axis.plot(sizes, rates, "o-", color=color,
+                      label=f"{config.benchmark} · {strategy_text(config, varying)} · {batch}")
+            ideal = [base["images_per_second"] * size / config.world_size for size in sizes]
+            axis.plot(sizes, ideal, "--", color=color, alpha=0.6, label="ideal (linear from the fewest)")
+        axis.set_xticks(sorted(counts))
+        axis.set_xlabel(f"{units.capitalize()} (world size)")
+        axis.set_ylabel("Throughput (images/s, all ranks)")
+        axis.set_ylim(bottom=0)
+        axis.yaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 10
+                                                         else f"{value:g}"))
+        axis.grid(alpha=0.3)
+        axis.set_title("Weak scaling (fixed batch per device)" if mode == "per_device"
+                       else "Strong scaling (fixed global batch)", fontsize=10)
+        axis.legend(fontsize=7, loc="upper left")
+    figure.suptitle(f"Throughput against {unit} count\n{title}", fontsize=10)
+    return figure
+
+
+def plot_step_times(plt, rows, varying, title):
+    shown = [row for row in rows if row["status"] == "ok" and row["step_times_ms"]]
+    if not shown:
+        return None
+    figure, axis = plt.subplots(figsize=(9, 1.6 + 0.45 * len(shown)), layout="constrained")
+    # Top to bottom in table order.
+    import matplotlib
+    # Matplotlib 3.10 replaced vert=False by orientation="horizontal" (and 3.11 warns about the old name).
+    sideways = ({"orientation": "horizontal"} if tuple(map(int, matplotlib.__version__.split(".")[:2])) >= (3, 10)
+                else {"vert": False})
+    axis.boxplot([row["step_times_ms"] for row in reversed(shown)], **sideways, showmeans=True,
+                 meanprops={"marker": "^", "markerfacecolor": "white", "markeredgecolor": "black"},
+                 medianprops={"color": "tab:orange"}, flierprops={"marker": ".", "markersize": 3})
+    axis.set_yticks(range(1, len(shown) + 1),
+                    [f"{row_label(row['config'], varying)} (n={len(row['step_times_ms'])})" for row in reversed(shown)],
+                    fontsize=8)
+    axis.set_xlabel("Step time (ms), every timed step of every rank and repeat")
+    axis.set_xlim(left=0)
+    axis.grid(axis="x", alpha=0.3)
+    axis.plot([], [], color="tab:orange", label="median")
+    axis.plot([], [], "^", markerfacecolor="white", markeredgecolor="black", label="mean")
+    axis.xaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    figure.legend(fontsize=8, loc="outside lower center", ncols=2)
+    axis.set_title(f"Per-step time distributions (box: quartiles, whiskers: 1.5 × IQR)\n{title}", fontsize=10)
+    return figure
+
+
+def plot_memory(plt, rows, varying, title):
+    measured = [row for row in rows if row["status"] == "ok" and row["peak_allocated_mib"] is not None]
+    if not measured:
+        return None
+    # Failed runs keep their place with their status instead of a bar: "ddp runs out of memory" is a result.
+    shown = [row for row in rows if row in measured or row["status"] != "ok"][::-1]  # top to bottom
+    figure, axis = plt.subplots(figsize=(9, 1.8 + 0.45 * len(shown)), layout="constrained")
+    positions = list(range(len(shown)))
+    reserved = [row["peak_reserved_mib"] or 0 if row["status"] == "ok" else 0 for row in shown]
+    allocated = [row["peak_allocated_mib"] if row["status"] == "ok" else 0 for row in shown]
+    axis.barh(positions, reserved, height=0.7, color="tab:blue", alpha=0.3, label="peak reserved (caching allocator)")
+    bars = axis.barh(positions, allocated, height=0.45, color="tab:blue", label="peak allocated")
+    axis.bar_label(bars, labels=[f"{value:,.0f}" if row["status"] == "ok" else f"✗ {row['status']}"
+                                 for value, row in zip(allocated, shown)], padding=3, fontsize=7)
+    axis.set_yticks(positions, [row_label(row["config"], varying) for row in shown], fontsize=8)
+    axis.set_xlabel("Peak memory per rank (MiB, largest over the ranks)")
+    axis.set_xlim(0, max(reserved + allocated) * 1.15)
+    axis.xaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    axis.grid(axis="x", alpha=0.3)
+    figure.legend(fontsize=8, loc="outside lower center", ncols=2)
+    axis.set_title(f"Peak GPU memory per strategy\n{title}", fontsize=10)
+    return figure
+
+
+# ---------------------------------------------------------------------------- regression check
+
+def parse_tolerance(text):
+    try:
+        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        raise UsageError(f"--tolerance {text!r}: write a percentage (5%) or a fraction (0.05)")
+    if not 0 <= value < 1 or not math.isfinite(value):
+        raise UsageError(f"--tolerance {text!r} must lie between 0 and 100 %: write 5% or 0.05")
+    return value
+
+
+def same_configuration(current, reference):
+    """Equal configurations, software versions aside; options only one side records are not compared
+    (a newer script may record more)."""
+    if current._replace(torch=None, options=None) != reference._replace(torch=None, options=None):
+        return False
+    mine, theirs = dict(current.options), dict(reference.options)
+    return all(mine[name] == theirs[name] for name in mine.keys() & theirs.keys())
+
+
+def describe(config):
+    return (f"{config.benchmark} {strategy_text(config, {})} on {devices_text(config)} × {config.device_name}, "
+            f"{config.batch_size_per_device} img/{unit_of(config)} ({config.batch_mode.replace('_', ' ')}), "
+            f"{config.image_size} px, {config.precision}")
+
+
+def check_against(runs, reference_runs, tolerance, reference_path):
+    """Returns (exit code, lines to print)."""
+    references = [row for row in aggregate(reference_runs) if row["status"] == "ok"]
+    if not references:
+        raise UsageError(f"--check-against {reference_path}: no result with status ok to compare with")
+    violations, checked, unmatched, lines = [], 0, [], []
+    for run in sorted(runs, key=lambda run: str(run["path"])):
+        name = run["path"].name
+        if run["status"] != "ok":
+            violations.append(f"{name}: status {run['status']}: {run['failure'] or 'no message'}")
+            continue
+        reference = next((row for row in references if same_configuration(run["config"], row["config"])), None)
+        if reference is None:
+            unmatched.append(run)
+            continue
+        checked += 1
+        current_rate, reference_rate = run["images_per_second"], reference["images_per_second"]
+        drop = 1 - current_rate / reference_rate
+        if drop > tolerance:
+            violations.append(f"{name}: throughput dropped {drop:.1%} ({format_rate(reference_rate)} -> "
+                              f"{format_rate(current_rate)} img/s), more than {tolerance:.1%}: "
+                              f"{describe(run['config'])}")
+        current_mib, reference_mib = run["peak_allocated_mib"], reference["peak_allocated_mib"]
+        if current_mib is not None and reference_mib:
+            rise = current_mib / reference_mib - 1
+            if rise > tolerance:
+                violations.append(f"{name}: peak memory rose {rise:.1%} ({format_mib(reference_mib)} -> "
+                                  f"{format_mib(current_mib)} MiB), more than {tolerance:.1%}: "
+                                  f"{describe(run['config'])}")
+    if unmatched and not checked and len(unmatched) == len([run for run in runs if run["status"] == "ok"]):
+        raise UsageError(f"incomparable: no result in {reference_path} has the configuration of "
+                         f"{describe(unmatched[0]['config'])} (the reference holds "
+                         f"{'; '.join(sorted({describe(row['config']) for row in references}))})")
+    for run in unmatched:
+        lines.append(f"report.py: warning: {run['path'].name}: no reference result with its configuration, "
+                     f"not checked: {describe(run['config'])}")
+    if violations:
+        lines += [f"REGRESSION {line}" for line in violations]
+        lines.append(f"check failed: {len(violations)} violation{'s' * (len(violations) > 1)} against "
+                     f"{reference_path} (tolerance {tolerance:.1%})")
+        return EXIT_FAILED, lines
+    lines.append(f"check passed: {checked} result{'s' * (checked != 1)} within {tolerance:.1%} of "
+                 f"{reference_path} (throughput and peak memory; {len(unmatched)} without a reference)")
+    return EXIT_OK, lines
+
+
+# ---------------------------------------------------------------------------- README section
+
+def readme_parts(path):
+    try:
+        text = pathlib.Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"{path}: cannot be read ({error.__class__.__name__}: {error})")
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if begin < 0 or end < begin or text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
+        raise UsageError(f"{path}: needs exactly one '{README_BEGIN}' followed by one '{README_END}'")
+    return text[:begin + len(README_BEGIN)], text[begin + len(README_BEGIN):end], text[end:]
+
+
+def readme_section(runs, readme, inputs):
+    # Paths relative to the README, so the section is the same wherever the command runs.
+    base = pathlib.Path(readme).resolve().parent
+    command = " ".join(["python report.py", *[display_path(pathlib.Path(p), base) for p in inputs],
+                        "--update-readme", pathlib.Path(readme).name])
+    note = f"<!-- generated by `{command}`: edit the results, not this section -->"
+    return f"\n{note}\n\n{render_markdown(runs, base)}"
+
+
+# ---------------------------------------------------------------------------- command line
+
+def parse_arguments(argv=None):
+    parser = OneLineArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="result files or folders (searched recursively)")
+    parser.add_argument("--markdown", metavar="OUT.md", help="write the Markdown report here (default: stdout)")
+    parser.add_argument("--plots", metavar="DIR", help="write PNG plots into this folder (needs matplotlib)")
+    parser.add_argument("--check-against", metavar="REF", help="reference result file or folder: exit 1 on a "
+                                                               "regression")
+    parser.add_argument("--tolerance", help="allowed throughput drop and memory rise, 5%% or 0.05 (default 5%%)")
+    parser.add_argument("--update-readme", metavar="README.md", help="replace the text between the report markers")
+    parser.add_argument("--check-readme", metavar="README.md", help="exit 1 when the text between the report "
+                                                                    "markers differs from the report")
+    args = parser.parse_args(argv)
+    if args.tolerance is not None and not args.check_against:
+        raise UsageError("--tolerance needs --check-against")
+    args.tolerance = parse_tolerance(args.tolerance or "5%")
+    return args
+
+
+def main(argv=None):
+    args = parse_arguments(argv)
+    runs = load_runs(args.paths)
+    readme_mode = args.update_readme or args.check_readme
+    # The README section may say that there are no results yet; every other use needs some.
+    if not runs and not readme_mode:
+        raise UsageError(f"no result files in {', '.join(args.paths)}")
+    status = EXIT_OK
+    if args.markdown:
+        text = "# Benchmark report\n\n" + render_markdown(runs, pathlib.Path.cwd(), heading="##")
+        try:
+            pathlib.Path(args.markdown).write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise UsageError(f"--markdown {args.markdown}: cannot be written ({error.strerror})")
+        print(f"wrote {args.markdown}")
+    if args.plots:
+        written, notes = write_plots(runs, args.plots)
+        for note in notes:
+            print(f"report.py: note: {note}", file=sys.stderr)
+        for path in written:
+            print(f"wrote {path}")
+    for readme, update in ((args.update_readme, True), (args.check_readme, False)):
+        if not readme:
+            continue
+        before, old, after = readme_parts(readme)
+        new = readme_section(runs, readme, args.paths)
+        if update and new != old:
+            pathlib.Path(readme).write_text(before + new + after, encoding="utf-8")
+            print(f"{readme}: results section updated")
+        elif update:
+            print(f"{readme}: results section already up to date")
+        elif new != old:
+            print(f"{readme}: the results section differs from the report of {' '.join(args.paths)}: run "
+                  f"python report.py {' '.join(args.paths)} --update-readme {readme}", file=sys.stderr)
+            status = EXIT_FAILED
+        else:
+            print(f"{readme}: the results section agrees with the report")
+    if args.check_against:
+        reference_runs = load_runs([args.check_against], what="reference")
+        if not reference_runs:
+            raise UsageError(f"--check-against {args.check_against}: no result files")
+        code, lines = check_against(runs, reference_runs, args.tolerance, args.check_against)
+        for line in lines:
+            print(line, file=sys.stderr if line.startswith("report.py:") else sys.stdout)
+        status = max(status, code)
+    if not (args.markdown or args.plots or readme_mode or args.check_against):
+        print(render_markdown(runs, pathlib.Path.cwd(), heading="##"), end="")
+    return status
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UsageError as error:
+        print(f"report.py: error: {error}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
