@@ -1,0 +1,220 @@
+# shellcheck shell=bash
+# Shared by the sbatch scripts in slurm/: the layout checks, the settings and the srun launch.
+# Sourced, not run. It all runs in the batch step (on the job's first node) before any training starts,
+# and every check that fails prints exactly one line and exits 2 (the benchmarks' own code for bad input).
+#
+# Settings (environment variables; sbatch passes the submitting shell's environment to the job):
+#   BENCH_DEVICE                cuda (default) or cpu: gloo, 32 px images, 4 images per device, 2+4 steps
+#   BENCH_BATCH_SIZE_PER_DEVICE weak scaling: images per device (default: the script's, 256 on GPU)
+#   BENCH_GLOBAL_BATCH_SIZE     strong scaling: images per step over all devices (divisible by the world size)
+#   BENCH_STEPS, BENCH_WARMUP_STEPS, BENCH_PRECISION, BENCH_IMAGE_SIZE, BENCH_TIMEOUT: the script's options
+#   BENCH_RUN_NAME              results/<run name>/ (default: the job name); BENCH_RESULTS_DIR (default results/)
+#   BENCH_PYTHON                the interpreter (default: active venv, else the repository's .venv, else python3)
+#   BENCH_VENV                  a virtual environment to activate first
+#   BENCH_MODULES               site-specific: modules to `module load` first, e.g. "cuda/12.4 nccl"
+#   BENCH_ROOT                  the repository (default: the directory sbatch was called from)
+# Arguments after the sbatch script's name are passed on to the benchmark and win over the settings above.
+
+# One line naming the broken rule, then stop: the job ends FAILED with exit code 2, nothing was started.
+bench_die() {
+  echo "${BENCH_NAME:-slurm}: error: $*" >&2
+  exit 2
+}
+
+bench_is_count() {
+  [[ ${1:-} =~ ^[0-9]+$ ]] && (( 10#$1 > 0 ))
+}
+
+# The value of the last `--name value` or `--name=value` in the arguments after the first; empty if absent.
+bench_arg_value() {
+  local name=$1 value="" previous="" argument
+  shift
+  for argument in "$@"; do
+    if [ "$previous" = "$name" ]; then
+      value=$argument
+    elif [[ $argument == "$name="* ]]; then
+      value=${argument#*=}
+    fi
+    previous=$argument
+  done
+  echo "$value"
+}
+
+bench_has_arg() {
+  local name=$1 argument
+  shift
+  for argument in "$@"; do
+    if [ "$argument" = "$name" ] || [[ $argument == "$name="* ]]; then
+      return 0
+    fi
+  done
+  return 1
+}
+
+# GPUs per node as Slurm allocated them. --gpus-per-node=[type:]N sets SLURM_GPUS_PER_NODE; --gres=gpu:N
+# and --gpus=N only set SLURM_GPUS_ON_NODE. Sites that hand out whole nodes without GPU accounting set
+# neither: then what CUDA_VISIBLE_DEVICES or nvidia-smi shows on this (the first) node counts.
+bench_gpus_per_node() {
+  local count
+  if [ -n "${SLURM_GPUS_PER_NODE:-}" ]; then
+    # Preferred over SLURM_GPUS_ON_NODE: with --exclusive Slurm allocates every GPU of the node there.
+    count=${SLURM_GPUS_PER_NODE##*:}
+  elif [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then
+    count=$SLURM_GPUS_ON_NODE
+  elif [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    local devices
+    IFS=, read -r -a devices <<<"$CUDA_VISIBLE_DEVICES"
+    count=${#devices[@]}
+  elif command -v nvidia-smi >/dev/null 2>&1; then
+    count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  else
+    count=0
+  fi
+  [[ $count =~ ^[0-9]+$ ]] || bench_die "cannot read the GPUs per node from SLURM_GPUS_PER_NODE=${SLURM_GPUS_PER_NODE:-}"
+  echo "$count"
+}
+
+# The job's shape: sets BENCH_NODES and BENCH_TASKS_PER_NODE and checks that it is one task per GPU,
+# the same number on every node. Lightning's SLURMEnvironment makes the same demands at start-up, but only
+# after a rank has imported everything and as a traceback; here it is one line before srun.
+bench_check_layout() {
+  [ -n "${SLURM_JOB_ID:-}" ] || bench_die "not inside a Slurm job: submit with sbatch (or run it in an salloc allocation)"
+  BENCH_DEVICE=${BENCH_DEVICE:-cuda}
+  case "$BENCH_DEVICE" in
+    cuda | cpu) ;;
+    *) bench_die "BENCH_DEVICE=$BENCH_DEVICE: use cuda or cpu" ;;
+  esac
+  BENCH_NODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-}}
+  bench_is_count "$BENCH_NODES" || bench_die "cannot read the number of nodes (SLURM_JOB_NUM_NODES='$BENCH_NODES')"
+  if [ -z "${SLURM_NTASKS_PER_NODE:-}" ]; then
+    if [ -n "${SLURM_NTASKS:-}" ]; then
+      bench_die "--ntasks=$SLURM_NTASKS without --ntasks-per-node: ask for --nodes and --ntasks-per-node=<GPUs per node> instead (one task per GPU, the same on every node)"
+    fi
+    bench_die "--ntasks-per-node is not set: ask for --nodes and --ntasks-per-node=<GPUs per node> (one task per GPU)"
+  fi
+  BENCH_TASKS_PER_NODE=$SLURM_NTASKS_PER_NODE
+  bench_is_count "$BENCH_TASKS_PER_NODE" || bench_die "cannot read SLURM_NTASKS_PER_NODE='$SLURM_NTASKS_PER_NODE'"
+  if [ -n "${SLURM_NTASKS:-}" ] && (( SLURM_NTASKS != BENCH_NODES * BENCH_TASKS_PER_NODE )); then
+    bench_die "--ntasks=$SLURM_NTASKS is not --nodes ($BENCH_NODES) x --ntasks-per-node ($BENCH_TASKS_PER_NODE): give only --nodes and --ntasks-per-node"
+  fi
+  if [ "$BENCH_DEVICE" = cuda ]; then
+    local gpus
+    gpus=$(bench_gpus_per_node)
+    if (( gpus == 0 )); then
+      bench_die "no GPU allocated to this job: submit with --gpus-per-node=$BENCH_TASKS_PER_NODE (or --gres=gpu:$BENCH_TASKS_PER_NODE where the site uses that), or set BENCH_DEVICE=cpu for a CPU run"
+    elif (( gpus < BENCH_TASKS_PER_NODE )); then
+      bench_die "$BENCH_TASKS_PER_NODE tasks per node but only $gpus GPUs per node: one task per GPU, so ask for --gpus-per-node=$BENCH_TASKS_PER_NODE or --ntasks-per-node=$gpus"
+    elif (( gpus > BENCH_TASKS_PER_NODE )); then
+      bench_die "$gpus GPUs per node but only $BENCH_TASKS_PER_NODE tasks per node: one task per GPU, so ask for --ntasks-per-node=$gpus or --gpus-per-node=$BENCH_TASKS_PER_NODE"
+    fi
+  fi
+}
+
+# Modules, venv and interpreter: the site-specific part of the job's environment.
+bench_setup_environment() {
+  if [ -n "${BENCH_MODULES:-}" ]; then
+    if ! command -v module >/dev/null 2>&1; then
+      # Batch scripts run in a non-login shell, where Lmod / Environment Modules may not be initialised yet.
+      # Their init scripts read variables that may be unset, hence set +u around them.
+      set +u
+      for init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh /usr/share/lmod/lmod/init/bash; do
+        if [ -r "$init" ]; then
+          # shellcheck disable=SC1090
+          source "$init"
+          break
+        fi
+      done
+      set -u
+    fi
+    command -v module >/dev/null 2>&1 || bench_die "BENCH_MODULES is set but this node has no module command"
+    # Word splitting is wanted: BENCH_MODULES is a list of modules.
+    # shellcheck disable=SC2086
+    module load $BENCH_MODULES
+  fi
+  if [ -n "${BENCH_VENV:-}" ]; then
+    [ -r "$BENCH_VENV/bin/activate" ] || bench_die "BENCH_VENV=$BENCH_VENV is not a virtual environment (no bin/activate)"
+    set +u
+    # shellcheck disable=SC1091
+    source "$BENCH_VENV/bin/activate"
+    set -u
+  fi
+  if [ -z "${BENCH_PYTHON:-}" ]; then
+    if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
+      BENCH_PYTHON=$VIRTUAL_ENV/bin/python
+    elif [ -x "$BENCH_ROOT/.venv/bin/python" ]; then  # what `make venv` builds
+      BENCH_PYTHON=$BENCH_ROOT/.venv/bin/python
+    else
+      BENCH_PYTHON=python3
+    fi
+  fi
+  command -v "$BENCH_PYTHON" >/dev/null 2>&1 ||
+    bench_die "python '$BENCH_PYTHON' not found: set BENCH_PYTHON or BENCH_VENV, or load a Python module (BENCH_MODULES)"
+}
+
+# The benchmark's arguments (BENCH_ARGS) and the result path (BENCH_OUTPUT) from the settings and the
+# arguments given after the sbatch script ("$@"), which come last so that they win.
+bench_build_args() {
+  if [ -n "${BENCH_BATCH_SIZE_PER_DEVICE:-}" ] && [ -n "${BENCH_GLOBAL_BATCH_SIZE:-}" ]; then
+    bench_die "set BENCH_BATCH_SIZE_PER_DEVICE (weak scaling) or BENCH_GLOBAL_BATCH_SIZE (strong scaling), not both"
+  fi
+  if [ "$BENCH_DEVICE" = cpu ]; then
+    # The smoke-test size of the test suite and `make bench` without a GPU: it proves the job works,
+    # its images/s say nothing about GPU training.
+    : "${BENCH_IMAGE_SIZE:=32}" "${BENCH_WARMUP_STEPS:=2}" "${BENCH_STEPS:=4}"
+    if [ -z "${BENCH_GLOBAL_BATCH_SIZE:-}" ] && ! bench_has_arg --global-batch-size "$@" &&
+      ! bench_has_arg --batch-size-per-device "$@"; then
+      : "${BENCH_BATCH_SIZE_PER_DEVICE:=4}"
+    fi
+    bench_has_arg --lr "$@" || set -- --lr 0.01 "$@"  # tiny batches: keep the loss finite, as the tests do
+  fi
+  BENCH_ARGS=(--device "$BENCH_DEVICE")
+  local option variable
+  for option in image-size:BENCH_IMAGE_SIZE batch-size-per-device:BENCH_BATCH_SIZE_PER_DEVICE \
+    global-batch-size:BENCH_GLOBAL_BATCH_SIZE warmup-steps:BENCH_WARMUP_STEPS steps:BENCH_STEPS \
+    precision:BENCH_PRECISION timeout:BENCH_TIMEOUT; do
+    variable=${option#*:}
+    if [ -n "${!variable:-}" ]; then
+      BENCH_ARGS+=("--${option%%:*}" "${!variable}")
+    fi
+  done
+  BENCH_OUTPUT=$(bench_arg_value --output "$@")
+  if [ -z "$BENCH_OUTPUT" ]; then
+    local run unit restart=""
+    # One folder per run (a sweep shares one); the file name carries the shape and the job id.
+    run=${BENCH_RUN_NAME:-${SLURM_JOB_NAME:-$BENCH_NAME}}
+    run=${run//[^A-Za-z0-9._-]/_}
+    unit=$([ "$BENCH_DEVICE" = cuda ] && echo gpu || echo cpu)
+    # A requeued job keeps its id: its second attempt must not collide with the first one's result.
+    if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then
+      restart=".restart$SLURM_RESTART_COUNT"
+    fi
+    BENCH_OUTPUT=${BENCH_RESULTS_DIR:-$BENCH_ROOT/results}/$run/$BENCH_NAME-${BENCH_NODES}n${BENCH_TASKS_PER_NODE}$unit-job$SLURM_JOB_ID$restart.json
+    mkdir -p "$(dirname "$BENCH_OUTPUT")"
+    BENCH_ARGS+=(--output "$BENCH_OUTPUT")
+  fi
+  BENCH_ARGS+=("$@")
+}
+
+# srun one task per device on every node; returns the step's exit status (the job's).
+bench_launch() {
+  local script=$1 hosts status=0
+  shift
+  # The rendezvous host: the job's first node, as Slurm lists it (the benchmarks would derive the same;
+  # exporting it makes every rank agree even for node lists the scripts cannot parse).
+  hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+  export MASTER_ADDR=${MASTER_ADDR:-${hosts%%$'\n'*}}
+  export PYTHONUNBUFFERED=1
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+  # Since Slurm 22.05 srun no longer inherits --cpus-per-task from the job; this variable passes it on.
+  if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+    export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+  fi
+  echo "== $BENCH_NAME: Slurm job $SLURM_JOB_ID on $BENCH_NODES node(s) x $BENCH_TASKS_PER_NODE task(s) ($BENCH_DEVICE), MASTER_ADDR=$MASTER_ADDR"
+  echo "== $BENCH_PYTHON $script $*"
+  # --kill-on-bad-exit: one rank that dies takes the others down at once instead of leaving them waiting
+  # in a collective until the timeout.
+  srun --kill-on-bad-exit=1 --nodes="$BENCH_NODES" --ntasks-per-node="$BENCH_TASKS_PER_NODE" \
+    "$BENCH_PYTHON" "$BENCH_ROOT/$script" "$@" || status=$?
+  echo "== srun exit status $status; result file: $BENCH_OUTPUT"
+  return "$status"
+}
