@@ -245,7 +245,7 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
     if memory_format == "auto":
         memory_format = "channels_last" if device_type == "cuda" else "contiguous"
     compile_mode = args.compile_mode or ("default" if args.compile else None)
-    output = args.output or os.path.join("runs", f"{os.path.splitext(BENCHMARK)[0]}-{strategy}-"
+    output = args.output or os.path.join("runs", f"{os.path.splitext(os.path.basename(BENCHMARK))[0]}-{strategy}-"
                                                  f"{launch['world_size']}{device_type}-{precision}-"
                                                  f"{launch.get('slurm_job_id') or os.getpid()}.json")
     check_output_path(output, args.overwrite)
@@ -591,8 +591,11 @@ def run_guarded(main):
     try:
         sys.exit(main())
     except UsageError as error:
-        rank = os.environ.get("RANK") or (os.environ.get("SLURM_PROCID") if "SLURM_STEP_NUM_TASKS" in os.environ
-                                          else None) or "0"
+        if dist.is_available() and dist.is_initialized():
+            rank = str(dist.get_rank())
+        else:
+            rank = os.environ.get("RANK") or (os.environ.get("SLURM_PROCID") if "SLURM_STEP_NUM_TASKS" in os.environ
+                                              else None) or "0"
         if rank == "0" or isinstance(error, LaunchError):
             prefix = "" if rank == "0" else f"[rank {rank}] "
             print(f"{prefix}{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr, flush=True)
@@ -640,6 +643,17 @@ def measure(step, config, device, rank, world_size, monitor, stop):
     return record
 
 
+def make_synthetic_batch(config, rank, device):
+    """A distinct batch per rank, made once on the device and reused every step."""
+    generator = torch.Generator(device=device).manual_seed(config["seed"] + 1 + rank)
+    size = config["image_size"]
+    images = torch.randn(config["batch_size_per_device"], 3, size, size, generator=generator, device=device)
+    labels = torch.randint(0, NUM_CLASSES, (config["batch_size_per_device"],), generator=generator, device=device)
+    if config["memory_format"] == "channels_last":
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images, labels
+
+
 def setup_device(config, launch, device_count):
     """Pick and configure this rank's device before any process group exists."""
     if config["device"] == "cuda":
@@ -682,10 +696,15 @@ def finish_run(result, record, monitor, build_model, wall_start):
                   final_parameter_checksum=[float(v) for v in records[0]["checksums"].sum(0)])
     result["checks"] = checks
     timed = result["throughput"]["timed_steps"] if result["throughput"] else 0
+    expected = result["config"]["warmup_steps"] + result["config"]["steps"]
     if signum:
         name = signal.Signals(signum).name
         result.update(status="interrupted", failure={"kind": "interrupted", "rank": None, "signal": name,
                                                      "message": f"stopped by {name} after {timed} timed steps"})
+    elif any(r["steps_run"] != expected for r in records):
+        result.update(status="error", failure={"kind": "error", "rank": None,
+                                               "message": f"ranks ran {checks['steps_run_per_rank']} steps, "
+                                                          f"expected {expected} each"})
     elif not synced:
         result.update(status="desync", failure={"kind": "desync", "rank": None,
                                                 "message": f"parameters differ across ranks by up to {largest:.3g}"})
@@ -773,17 +792,6 @@ def parse_arguments(argv=None):
 
 def build_model():
     return torchvision.models.resnet50(weights=None, num_classes=NUM_CLASSES)
-
-
-def make_synthetic_batch(config, rank, device):
-    """A distinct batch per rank, made once on the device and reused every step."""
-    generator = torch.Generator(device=device).manual_seed(config["seed"] + 1 + rank)
-    size = config["image_size"]
-    images = torch.randn(config["batch_size_per_device"], 3, size, size, generator=generator, device=device)
-    labels = torch.randint(0, NUM_CLASSES, (config["batch_size_per_device"],), generator=generator, device=device)
-    if config["memory_format"] == "channels_last":
-        images = images.contiguous(memory_format=torch.channels_last)
-    return images, labels
 
 
 def make_optimizer(parameters, config):

@@ -73,3 +73,32 @@ def one_error_line(stderr):
 @pytest.fixture(scope="session")
 def native():
     return load_script(NATIVE, "ddp_resnet50_under_test")
+
+
+@pytest.fixture(scope="session")
+def native_two_rank(tmp_path_factory):
+    """One 2-process torchrun run of the native script, shared by the tests that read its result."""
+    output = tmp_path_factory.mktemp("native") / "result.json"
+    proc = run_script(NATIVE, [*SMALL, "--output", str(output)], nproc=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, read_result(output)
+
+
+def launch_env(script, rank, world_size, port):
+    """What a launcher gives each rank: torchrun-style variables for the native and sharding scripts;
+    Lightning's own style (LOCAL_RANK, NODE_RANK, WORLD_SIZE) for the Lightning twin."""
+    common = dict(WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if script == LIGHTNING:
+        return clean_env(NODE_RANK="0", **common)
+    return clean_env(RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), **common)
+
+
+def launch_by_hand(script, args, world_size=2, timeout=60):
+    """Start the ranks as a launcher would, but with no agent in between, so that a test can signal or
+    kill one rank itself."""
+    port = free_port()
+    extra = ["--devices", str(world_size)] if script == LIGHTNING else []
+    return [subprocess.Popen([sys.executable, str(script), *args, *extra, "--timeout", str(timeout)],
+                             env=launch_env(script, rank, world_size, port), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
+            for rank in range(world_size)]

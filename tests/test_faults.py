@@ -6,20 +6,7 @@ import time
 
 import pytest
 
-from conftest import NATIVE, SMALL, clean_env, free_port, read_result
-
-
-def launch_by_hand(script, args, world_size=2, timeout=60):
-    """Start the ranks as a launcher would (RANK, WORLD_SIZE, MASTER_*), but with no agent in between,
-    so that the test itself can signal or kill one rank."""
-    port = free_port()
-    procs = []
-    for rank in range(world_size):
-        env = clean_env(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                        LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, str(script), *args, "--timeout", str(timeout)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    return procs
+from conftest import LIGHTNING, NATIVE, SMALL, launch_by_hand, read_result
 
 
 def wait_for_line(proc, text, limit_s=180):
@@ -46,10 +33,12 @@ def finish(procs, limit_s=90):
 LONG = [*SMALL, "--steps", "200"]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_stops_after_the_current_step_with_the_steps_so_far(tmp_path, signum):
+@pytest.mark.parametrize("script,signum", [(NATIVE, signal.SIGTERM), (NATIVE, signal.SIGINT),
+                                           (LIGHTNING, signal.SIGTERM)], ids=["native-TERM", "native-INT",
+                                                                             "lightning-TERM"])
+def test_signal_stops_after_the_current_step_with_the_steps_so_far(tmp_path, script, signum):
     output = tmp_path / "interrupted.json"
-    procs = launch_by_hand(NATIVE, [*LONG, "--output", str(output)])
+    procs = launch_by_hand(script, [*LONG, "--output", str(output)])
     wait_for_line(procs[0], "measuring step 1/200")
     if signum == signal.SIGTERM:  # Slurm signals every task; Ctrl-C may reach only one rank
         for proc in procs:
@@ -69,9 +58,10 @@ def test_signal_stops_after_the_current_step_with_the_steps_so_far(tmp_path, sig
     assert "Traceback" not in outputs[0][2] + outputs[1][2]
 
 
-def test_a_killed_rank_ends_the_run_with_an_error_result(tmp_path):
+@pytest.mark.parametrize("script", [NATIVE, LIGHTNING], ids=["native", "lightning"])
+def test_a_killed_rank_ends_the_run_with_an_error_result(tmp_path, script):
     output = tmp_path / "dead.json"
-    procs = launch_by_hand(NATIVE, [*LONG, "--output", str(output)], timeout=30)
+    procs = launch_by_hand(script, [*LONG, "--output", str(output)], timeout=30)
     wait_for_line(procs[0], "measuring step 1/200")
     procs[1].kill()
     started = time.monotonic()
@@ -85,10 +75,11 @@ def test_a_killed_rank_ends_the_run_with_an_error_result(tmp_path):
     assert all(proc.poll() is not None for proc in procs)
 
 
-@pytest.mark.parametrize("fault_rank", [0, 1])
-def test_out_of_memory_gives_status_oom_with_memory_figures(tmp_path, fault_rank):
+@pytest.mark.parametrize("script,fault_rank", [(NATIVE, 0), (NATIVE, 1), (LIGHTNING, 1)],
+                         ids=["native-rank0", "native-rank1", "lightning-rank1"])
+def test_out_of_memory_gives_status_oom_with_memory_figures(tmp_path, script, fault_rank):
     output = tmp_path / "oom.json"
-    procs = launch_by_hand(NATIVE, [*SMALL, "--inject-fault", "oom", "--inject-fault-rank", str(fault_rank),
+    procs = launch_by_hand(script, [*SMALL, "--inject-fault", "oom", "--inject-fault-rank", str(fault_rank),
                                     "--inject-fault-step", "3", "--output", str(output)], timeout=30)
     outputs = finish(procs)
     assert outputs[fault_rank][0] == 4, outputs  # the rank that ran out of memory exits with 4

@@ -4,19 +4,11 @@ import math
 
 import pytest
 
-from conftest import NATIVE, SMALL, clean_env, read_result, run_script
+from conftest import NATIVE, SMALL, read_result, run_script
 
 
-@pytest.fixture(scope="module")
-def two_rank_run(tmp_path_factory):
-    output = tmp_path_factory.mktemp("native") / "result.json"
-    proc = run_script(NATIVE, [*SMALL, "--output", str(output)], nproc=2)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc, read_result(output)
-
-
-def test_two_rank_result_field_by_field(two_rank_run):
-    proc, result = two_rank_run
+def test_two_rank_result_field_by_field(native_two_rank):
+    proc, result = native_two_rank
     assert result["schema_version"] == 1
     assert (result["benchmark"], result["strategy"], result["status"]) == ("ddp_resnet50.py", "ddp", "ok")
     config = result["config"]

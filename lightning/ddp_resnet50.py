@@ -1,0 +1,985 @@
+"""PyTorch Lightning twin of ../ddp_resnet50.py: the same ResNet-50 benchmark, with Lightning owning the loop.
+
+Same randomly initialised torchvision ResNet-50, synthetic GPU-resident batch per rank, SGD, batch modes,
+warm-up, timed steps, checks and result JSON as the native script, so the two compare exactly: the
+difference is what Lightning takes over (process group, device placement, DDP wrapper, mixed precision,
+backward and optimizer step) and the cost of its per-step loop. See lightning/README.md.
+
+Launch recipes:
+
+    # one GPU
+    python lightning/ddp_resnet50.py --output result-1gpu.json
+    # Lightning starts one worker per GPU itself
+    python lightning/ddp_resnet50.py --devices 2 --output result-2gpu.json
+    # Slurm: --ntasks-per-node must equal --devices (and the GPUs per node)
+    srun --ntasks-per-node 4 --gpus-per-node 4 python lightning/ddp_resnet50.py --devices 4
+    # torchrun works too (--nproc-per-node must equal --devices)
+    torchrun --standalone --nproc-per-node 2 lightning/ddp_resnet50.py --devices 2
+    # CPU smoke run (gloo)
+    python lightning/ddp_resnet50.py --device cpu --devices 2 --image-size 32 --batch-size-per-device 4 \
+        --warmup-steps 2 --steps 4 --output /tmp/smoke.json
+
+Numbers and exit codes as in ddp_resnet50.py.
+"""
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import json
+import logging
+import math
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchvision
+
+try:
+    import lightning as L
+    from lightning.pytorch.strategies import DDPStrategy
+except ImportError:
+    print("lightning/ddp_resnet50.py: error: Lightning is not installed: pip install '.[lightning]'",
+          file=sys.stderr)
+    sys.exit(2)
+
+BENCHMARK = "lightning/ddp_resnet50.py"
+STRATEGY = "lightning_ddp"
+NUM_CLASSES = 1000
+TRAINER_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+
+
+# ============================================================================ harness
+# From here to "end of harness" the text is identical in ddp_resnet50.py,
+# lightning/ddp_resnet50.py and oss_benchmark.py (tests/test_harness_copies.py keeps it so).
+# Change it in one file, then run `python tools/sync_harness.py` to copy it to the others.
+
+SCHEMA_VERSION = 1
+DEFAULT_BATCH_GPU, DEFAULT_BATCH_CPU = 256, 8
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DESYNC, EXIT_OOM = 0, 1, 2, 3, 4
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Dense tensor-core peaks in TFLOP/s from the vendors' datasheets, for the hardware-efficiency figure.
+PEAK_TFLOPS = {
+    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
+}
+
+
+class UsageError(Exception):
+    """Bad input: one line naming the broken rule, exit code 2, nothing written."""
+
+
+class LaunchError(UsageError):
+    """Bad launcher or Slurm variables: they may differ between ranks, so every rank says what it saw."""
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def positive_int(text):
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_float(text):
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def add_harness_arguments(parser):
+    batch = parser.add_mutually_exclusive_group()
+    batch.add_argument("--batch-size-per-device", type=positive_int,
+                       help=f"weak scaling: images per device (default {DEFAULT_BATCH_GPU} on GPU, "
+                            f"{DEFAULT_BATCH_CPU} on CPU)")
+    batch.add_argument("--global-batch-size", type=positive_int,
+                       help="strong scaling: images per step over all devices; must divide by the world size")
+    parser.add_argument("--warmup-steps", type=positive_int, default=10, help="untimed steps first (default 10)")
+    parser.add_argument("--steps", type=positive_int, default=50, help="timed steps (default 50)")
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                        help="auto: bf16 where the GPU supports it, else fp16; fp32 on the CPU. "
+                             "fp32 uses TF32 tensor cores on GPUs that have them")
+    parser.add_argument("--memory-format", choices=["auto", "channels_last", "contiguous"], default="auto",
+                        help="auto: channels_last on GPU, contiguous on CPU")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune",
+                                                   "max-autotune-no-cudagraphs"],
+                        help="torch.compile mode (implies --compile)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cuda (NCCL) or cpu (gloo, the smoke-test path); default cuda")
+    parser.add_argument("--image-size", type=positive_int, default=224, help="square input size (default 224)")
+    parser.add_argument("--lr", type=positive_float, default=0.1, help="learning rate (default 0.1)")
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    parser.add_argument("--seed", type=int, default=0, help="weights seed; rank r's data uses seed + 1 + r")
+    parser.add_argument("--output", help="result JSON path (default runs/<script>-<strategy>-<world>-<time>.json)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    parser.add_argument("--timeout", type=positive_int, default=300,
+                        help="seconds a collective may wait for the other ranks before the run fails (default 300)")
+    # Test hooks: make one rank fail on purpose (desync, oom, crash) to prove the failure paths.
+    parser.add_argument("--inject-fault", choices=["desync", "oom", "crash"], help=argparse.SUPPRESS)
+    parser.add_argument("--inject-fault-rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--inject-fault-step", type=int, default=1, help=argparse.SUPPRESS)
+
+
+def parse_slurm_tasks_per_node(text):
+    """'4(x2),3' -> [4, 4, 3] (the format of SLURM_STEP_TASKS_PER_NODE)."""
+    counts = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not match:
+            raise LaunchError(f"cannot read Slurm's tasks per node {text!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def first_slurm_host(nodelist):
+    """First host of a Slurm node list: 'gpu[007-009,012],cpu1' -> 'gpu007'."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise LaunchError(f"cannot read Slurm's node list {nodelist!r}")
+    prefix, ranges = match.groups()
+    return prefix + (ranges.split(",")[0].split("-")[0] if ranges else "")
+
+
+def detect_launch(env):
+    """Rank layout from torchrun's variables, else Slurm's (srun), else one process."""
+    def integer(name):
+        try:
+            return int(env[name])
+        except ValueError:
+            raise LaunchError(f"{name}={env[name]!r} is not an integer") from None
+
+    launch = {"slurm_job_id": env.get("SLURM_JOB_ID")}
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank, world = integer("RANK"), integer("WORLD_SIZE")
+        local_rank = integer("LOCAL_RANK") if "LOCAL_RANK" in env else rank
+        local_world = integer("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world
+        if not (0 <= rank < world and 0 <= local_rank < local_world <= world) or world % local_world:
+            raise LaunchError(f"inconsistent launcher variables: RANK={rank} WORLD_SIZE={world} "
+                             f"LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}")
+        launch.update(launcher="torchrun" if "TORCHELASTIC_RUN_ID" in env else "env", rank=rank,
+                      world_size=world, local_rank=local_rank, local_world_size=local_world,
+                      num_nodes=world // local_world, master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                      master_port=integer("MASTER_PORT") if "MASTER_PORT" in env else 29500)
+    elif "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:  # inside srun
+        rank, world, local_rank = integer("SLURM_PROCID"), integer("SLURM_STEP_NUM_TASKS"), integer("SLURM_LOCALID")
+        node, nodes = integer("SLURM_NODEID"), integer("SLURM_STEP_NUM_NODES")
+        per_node = parse_slurm_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE", str(world)))
+        if "SLURM_NTASKS" in env and integer("SLURM_NTASKS") < world:
+            raise LaunchError(f"Slurm step has {world} tasks but the job only SLURM_NTASKS={env['SLURM_NTASKS']}")
+        if len(per_node) != nodes or sum(per_node) != world:
+            raise LaunchError(f"Slurm variables disagree: {nodes} nodes with tasks {per_node} "
+                             f"but {world} tasks in the step")
+        if not (0 <= rank < world and 0 <= node < nodes and 0 <= local_rank < per_node[node]):
+            raise LaunchError(f"Slurm variables disagree: SLURM_PROCID={rank} SLURM_LOCALID={local_rank} "
+                             f"SLURM_NODEID={node} for {world} tasks on {nodes} nodes {per_node}")
+        if "SLURM_NTASKS_PER_NODE" in env and len(set(per_node)) == 1 \
+                and parse_slurm_tasks_per_node(env["SLURM_NTASKS_PER_NODE"])[0] != per_node[0]:
+            raise LaunchError(f"Slurm variables disagree: SLURM_NTASKS_PER_NODE={env['SLURM_NTASKS_PER_NODE']} "
+                             f"but the step runs {per_node[0]} tasks per node")
+        job = integer("SLURM_JOB_ID") if "SLURM_JOB_ID" in env else 0
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+        launch.update(launcher="slurm", rank=rank, world_size=world, local_rank=local_rank,
+                      local_world_size=per_node[node], num_nodes=nodes,
+                      master_addr=env.get("MASTER_ADDR") or first_slurm_host(nodelist),
+                      master_port=integer("MASTER_PORT") if "MASTER_PORT" in env else 15000 + job % 20000)
+        if "SLURM_GPUS_ON_NODE" in env and integer("SLURM_GPUS_ON_NODE") < per_node[node]:
+            launch["gpus_on_node"] = integer("SLURM_GPUS_ON_NODE")
+    else:
+        launch.update(launcher="single", rank=0, world_size=1, local_rank=0, local_world_size=1, num_nodes=1,
+                      master_addr="127.0.0.1", master_port=0)
+    return launch
+
+
+def resolve_precision(requested, device_type, bf16_supported):
+    if device_type == "cpu":
+        if requested == "fp16":
+            raise UsageError("--precision fp16 needs a GPU: use fp32 or bf16 on the CPU")
+        return "fp32" if requested == "auto" else requested
+    if requested == "bf16" and not bf16_supported:
+        raise UsageError("--precision bf16 is not supported by this GPU: use fp16 or fp32")
+    if requested == "auto":
+        return "bf16" if bf16_supported else "fp16"
+    return requested
+
+
+def resolve_batch(args, world_size, device_type):
+    if args.global_batch_size is not None:
+        if args.global_batch_size % world_size:
+            raise UsageError(f"--global-batch-size {args.global_batch_size} is not divisible by the "
+                             f"world size {world_size}")
+        return "global", args.global_batch_size // world_size, args.global_batch_size
+    per_device = args.batch_size_per_device or (DEFAULT_BATCH_GPU if device_type == "cuda" else DEFAULT_BATCH_CPU)
+    return "per_device", per_device, per_device * world_size
+
+
+def resolve_harness_config(args, launch, strategy, cuda_available, device_count, bf16_supported):
+    """Every rule that needs no process group or GPU work; raises UsageError."""
+    device_type = args.device
+    if device_type == "cuda":
+        if not cuda_available or device_count == 0:
+            raise UsageError("--device cuda needs a CUDA GPU and none is visible (use --device cpu for a CPU run)")
+        if launch["launcher"] != "slurm" and launch["local_world_size"] > device_count:
+            raise UsageError(f"{launch['local_world_size']} ranks on this node but only {device_count} GPUs visible: "
+                             f"one rank per GPU")
+        if "gpus_on_node" in launch:
+            raise UsageError(f"{launch['local_world_size']} Slurm tasks on this node but only "
+                             f"{launch['gpus_on_node']} GPUs allocated (SLURM_GPUS_ON_NODE): one task per GPU")
+    if args.momentum < 0:
+        raise UsageError(f"--momentum must not be negative, got {args.momentum}")
+    if args.inject_fault and not 0 <= args.inject_fault_rank < launch["world_size"]:
+        raise UsageError(f"--inject-fault-rank {args.inject_fault_rank} is not a rank of {launch['world_size']}")
+    precision = resolve_precision(args.precision, device_type, bf16_supported)
+    batch_mode, per_device, global_batch = resolve_batch(args, launch["world_size"], device_type)
+    memory_format = args.memory_format
+    if memory_format == "auto":
+        memory_format = "channels_last" if device_type == "cuda" else "contiguous"
+    compile_mode = args.compile_mode or ("default" if args.compile else None)
+    output = args.output or os.path.join("runs", f"{os.path.splitext(os.path.basename(BENCHMARK))[0]}-{strategy}-"
+                                                 f"{launch['world_size']}{device_type}-{precision}-"
+                                                 f"{launch.get('slurm_job_id') or os.getpid()}.json")
+    check_output_path(output, args.overwrite)
+    return {
+        "benchmark": BENCHMARK, "strategy": strategy, "device": device_type,
+        "backend": "nccl" if device_type == "cuda" else "gloo",
+        "image_size": args.image_size, "num_classes": NUM_CLASSES,
+        "batch_mode": batch_mode, "batch_size_per_device": per_device, "global_batch_size": global_batch,
+        "warmup_steps": args.warmup_steps, "steps": args.steps,
+        "precision_requested": args.precision, "precision": precision,
+        "grad_scaler": precision == "fp16", "tf32": device_type == "cuda",
+        "memory_format_requested": args.memory_format, "memory_format": memory_format,
+        "compile": compile_mode is not None, "compile_mode": compile_mode,
+        "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
+        "cudnn_benchmark": device_type == "cuda", "timeout_s": args.timeout,
+        "output": os.path.abspath(output), "overwrite": args.overwrite,
+        "inject_fault": args.inject_fault, "inject_fault_rank": args.inject_fault_rank,
+        "inject_fault_step": args.inject_fault_step,
+    }
+
+
+def check_output_path(path, overwrite):
+    if os.path.isdir(path):
+        raise UsageError(f"--output {path} is a directory, not a file path")
+    if os.path.exists(path) and not overwrite:
+        raise UsageError(f"--output {path} exists: pass --overwrite to replace it")
+    parent = os.path.dirname(os.path.abspath(path))
+    existing = parent
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--output directory {parent} cannot be written ({existing} is not a writable directory)")
+
+
+def median(values):
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def percentile(values, q):
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(values):
+    if not values:
+        return None
+    centre = median(values)
+    return {"count": len(values), "mean": sum(values) / len(values), "median": centre,
+            "p90": percentile(values, 90), "p99": percentile(values, 99), "min": min(values), "max": max(values),
+            "mad": median([abs(v - centre) for v in values])}
+
+
+def mib(num_bytes):
+    return round(num_bytes / 2**20, 1)
+
+
+def package_version(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def collect_software():
+    nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "torch_git": torch.version.git_version, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+            "torchvision": torchvision.__version__, "lightning": package_version("lightning"),
+            "fairscale": package_version("fairscale")}
+
+
+def collect_local_hardware(device, rank):
+    info = {"rank": rank, "hostname": socket.gethostname(), "device": str(device)}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu_name=props.name, gpu_memory_mib=mib(props.total_memory), gpu_uuid=str(props.uuid),
+                    compute_capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count)
+    return info
+
+
+def collect_host_hardware(device_type):
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as cpuinfo:
+            cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), cpu)
+    host = {"cpu": cpu, "cpu_count": os.cpu_count(), "interconnect": None}
+    if device_type == "cuda":  # the GPU link matrix (NVLink NV#, PCIe PIX/PHB/SYS), where nvidia-smi answers
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
+            if topo.returncode == 0:
+                host["interconnect"] = [re.sub(r"\x1b\[[0-9;]*m", "", line).rstrip()
+                                        for line in topo.stdout.splitlines() if line.strip()]
+    return host
+
+
+def collect_git():
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(["git", "-C", here, "rev-parse", "--verify", "-q", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        status = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+        if head.returncode == 0 and status.returncode == 0:
+            return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    # A copy without .git (a cluster, the device machine): the launcher may say what it was.
+    dirty = os.environ.get("BENCH_GIT_DIRTY")
+    return {"commit": os.environ.get("BENCH_GIT_COMMIT"), "dirty": None if dirty is None else dirty == "1"}
+
+
+def model_flops_per_image(build_model, image_size):
+    """Training FLOPs (forward + backward) of one image, counted from the model's own operators."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with torch.device("meta"):
+        model = build_model()
+        images = torch.empty(2, 3, image_size, image_size)
+    with FlopCounterMode(display=False) as counter:
+        model(images).float().sum().backward()
+    return counter.get_total_flops() / 2
+
+
+def peak_tflops(gpu_name, precision):
+    for key, table in PEAK_TFLOPS.items():
+        if gpu_name and key in gpu_name:
+            return table[precision]
+    return None
+
+
+def write_json_atomically(path, payload):
+    """Temporary file in the target directory, fsync, rename: readers see no file or the whole file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(handle, "w") as stream:
+            json.dump(payload, stream, indent=1, allow_nan=False)
+            stream.write("\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+class StepTimer:
+    """Marks between steps: CUDA events on the GPU (no host sync), the host clock on the CPU."""
+
+    def __init__(self, device, capacity):
+        self.cuda = device.type == "cuda"
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(capacity + 1)] if self.cuda else []
+        self.host_marks = []
+        self.count = 0
+
+    def mark(self):
+        if self.cuda:
+            self.events[self.count].record()
+        else:
+            self.host_marks.append(time.perf_counter())
+        self.count += 1
+
+    def step_times_ms(self):
+        """Call after a device synchronize."""
+        if self.cuda:
+            return [self.events[i].elapsed_time(self.events[i + 1]) for i in range(self.count - 1)]
+        return [(b - a) * 1e3 for a, b in zip(self.host_marks, self.host_marks[1:])]
+
+
+class StopRequest:
+    """SIGTERM/SIGINT (Slurm's time limit, scancel, Ctrl-C) ask every rank to stop after the current step.
+
+    Ranks receive the signal at slightly different steps, so they agree through a tiny host-side
+    all-reduce on a gloo group after each step; that costs no device synchronisation and also notices
+    a dead peer within one step. A second Ctrl-C interrupts at once.
+    """
+
+    def __init__(self):
+        self.signum = 0
+        self.previous = {}
+
+    def install(self):
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self.previous[signum] = signal.signal(signum, self.handle)
+
+    def handle(self, signum, frame):
+        if self.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def agreed(self, group, world_size):
+        if world_size == 1:
+            return self.signum
+        flag = torch.tensor([self.signum], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return int(flag.item())
+
+
+def is_out_of_memory(error):
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def inject_fault(config, rank, step, kind, model=None):
+    """Test hook: fail on purpose on one rank at one step (--inject-fault)."""
+    if config["inject_fault"] != kind or rank != config["inject_fault_rank"]:
+        return
+    if kind == "desync" and model is not None:
+        with torch.no_grad():
+            next(model.parameters()).add_(1e-3)
+    elif kind == "oom" and step == config["inject_fault_step"]:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected by --inject-fault oom)")
+    elif kind == "crash" and step == config["inject_fault_step"]:
+        os._exit(EXIT_ERROR)
+
+
+def parameter_checksums(parameters):
+    """Per tensor: float64 sum and sum of squares. Equal on every rank when replicas agree."""
+    rows = [torch.stack([p.detach().double().sum(), p.detach().double().pow(2).sum()]) for p in parameters]
+    return torch.stack(rows).cpu()
+
+
+def compare_checksums(per_rank):
+    reference = per_rank[0]
+    largest = max(float((checksums - reference).abs().max()) for checksums in per_rank)
+    scale = float(reference.abs().max())
+    return largest <= 1e-9 * max(1.0, scale), largest
+
+
+def failure_from_peers(store, rank, world_size, wait_s=3.0):
+    """A failing rank leaves its reason in the store; a surviving rank names the first it finds."""
+    if store is None:
+        return None
+    deadline = time.monotonic() + wait_s
+    keys = [f"bench/failure/{r}" for r in range(world_size) if r != rank]
+    while True:
+        for key in keys:
+            with contextlib.suppress(Exception):
+                if store.check([key]):
+                    return json.loads(store.get(key).decode())
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+
+
+def record_failure(store, rank, failure):
+    if store is not None:
+        with contextlib.suppress(Exception):
+            store.set(f"bench/failure/{rank}", json.dumps(failure))
+
+
+def base_result(config, launch, started_at):
+    return {"schema_version": SCHEMA_VERSION, "benchmark": config["benchmark"], "strategy": config["strategy"],
+            "status": "error", "config": config,
+            "world": {"world_size": launch["world_size"], "num_nodes": launch["num_nodes"],
+                      "devices_per_node": launch["local_world_size"], "launcher": launch["launcher"],
+                      "backend": config["backend"], "slurm_job_id": launch.get("slurm_job_id"),
+                      "master_addr": launch["master_addr"], "master_port": launch["master_port"]},
+            "throughput": None, "step_time_ms": None, "step_times_ms_per_rank": None, "loss_per_step": None,
+            "memory": None, "checks": None, "efficiency": None, "failure": None,
+            "software": collect_software(), "hardware": None, "git": collect_git(),
+            "started_at": started_at.strftime("%Y-%m-%dT%H:%M:%SZ"), "wall_time_s": None}
+
+
+def complete_result(result, per_rank, global_batch, flops_per_image):
+    """Fill throughput, step statistics, memory, checks and efficiency from every rank's record."""
+    rank0 = per_rank[0]
+    steps_done = min(len(r["step_times_ms"]) for r in per_rank)
+    pooled = [t for r in per_rank for t in r["step_times_ms"]]
+    wall = max(r["timed_wall_s"] for r in per_rank)
+    images_per_second = global_batch * steps_done / wall if steps_done and wall > 0 else None
+    rank0_summary = summarize([global_batch / (t / 1e3) for t in rank0["step_times_ms"] if t > 0])
+    world_size = len(per_rank)
+    result["throughput"] = None if images_per_second is None or rank0_summary is None else {
+        "images_per_second": images_per_second, "images_per_second_per_device": images_per_second / world_size,
+        "rank0_median_images_per_second": rank0_summary["median"], "rank0_mad_images_per_second": rank0_summary["mad"],
+        "timed_steps": steps_done, "timed_wall_s": wall}
+    result["step_time_ms"] = summarize(pooled)
+    result["step_times_ms_per_rank"] = [r["step_times_ms"] for r in per_rank]
+    result["loss_per_step"] = rank0["losses"]
+    result["hardware"] = {"ranks": [r["hardware"] for r in per_rank], "device_count": world_size,
+                          "hostnames": sorted({r["hardware"]["hostname"] for r in per_rank}), **rank0["host"]}
+    allocated = [r["peak_allocated_mib"] for r in per_rank]
+    reserved = [r["peak_reserved_mib"] for r in per_rank]
+    result["memory"] = {"peak_allocated_mib": None if None in allocated else max(allocated),
+                        "peak_reserved_mib": None if None in reserved else max(reserved),
+                        "per_rank": [{"rank": r["rank"], "peak_allocated_mib": r["peak_allocated_mib"],
+                                      "peak_reserved_mib": r["peak_reserved_mib"]} for r in per_rank]}
+    gpu = rank0["hardware"].get("gpu_name")
+    peak = peak_tflops(gpu, result["config"]["precision"])
+    achieved = flops_per_image * images_per_second / 1e12 if images_per_second else None
+    result["efficiency"] = {"model_flops_per_image": flops_per_image, "achieved_tflops": achieved,
+                            "peak_tflops_per_device": peak,
+                            "mfu": achieved / (peak * world_size) if achieved and peak else None}
+    ratios = [sum(r["step_times_ms"]) / 1e3 / r["timed_wall_s"] for r in per_rank
+              if r["timed_wall_s"] > 0 and r["step_times_ms"]]
+    losses = [v for r in per_rank for v in r["losses"]]
+    return {"loss_finite": all(math.isfinite(v) for v in losses),
+            "final_loss": rank0["losses"][-1] if rank0["losses"] else None,
+            "event_time_over_wall": ratios, "timing_consistent": all(0.95 <= q <= 1.02 for q in ratios),
+            "steps_run_per_rank": [r["steps_run"] for r in per_rank]}
+
+
+def print_environment(result, config):
+    software, world = result["software"], result["world"]
+    print(f"== {config['benchmark']} | strategy {config['strategy']} | {world['world_size']} x {config['device']} "
+          f"on {world['num_nodes']} node(s) | launcher {world['launcher']} | backend {world['backend']}")
+    print(f"   torch {software['torch']} (git {software['torch_git'][:10]}) | CUDA {software['cuda']} | "
+          f"cuDNN {software['cudnn']} | NCCL {software['nccl']} | torchvision {software['torchvision']} | "
+          f"lightning {software['lightning']} | fairscale {software['fairscale']}")
+    print(f"   batch {config['batch_size_per_device']}/device ({config['batch_mode']}, global "
+          f"{config['global_batch_size']}) | {config['image_size']} px | precision {config['precision']} "
+          f"(asked {config['precision_requested']}) | {config['memory_format']} | compile {config['compile_mode']} | "
+          f"warm-up {config['warmup_steps']} + {config['steps']} timed steps", flush=True)
+
+
+def print_summary_table(result):
+    config, throughput, steps, memory = result["config"], result["throughput"], result["step_time_ms"], result["memory"]
+    mfu, peak = (result["efficiency"] or {}).get("mfu"), memory["peak_allocated_mib"]
+    print("\n| strategy | devices | precision | batch/device | img/s | img/s/device | median step ms | p90 ms | "
+          "MAD ms | peak alloc MiB | MFU | status |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| {config['strategy']} | {result['world']['world_size']} | {config['precision']} | "
+          f"{config['batch_size_per_device']} | {throughput['images_per_second']:,.0f} | "
+          f"{throughput['images_per_second_per_device']:,.0f} | {steps['median']:.2f} | {steps['p90']:.2f} | "
+          f"{steps['mad']:.2f} | {'-' if peak is None else f'{peak:,.0f}'} | "
+          f"{'-' if mfu is None else f'{mfu:.1%}'} | {result['status']} |", flush=True)
+
+
+def exit_code_for(status, signum=0):
+    return {"ok": EXIT_OK, "desync": EXIT_DESYNC, "oom": EXIT_OOM, "interrupted": 128 + signum}.get(status, EXIT_ERROR)
+
+
+def run_guarded(main):
+    """Bad input: one line and exit 2. Anything else main() did not handle: one line per rank, exit 1."""
+    try:
+        sys.exit(main())
+    except UsageError as error:
+        if dist.is_available() and dist.is_initialized():
+            rank = str(dist.get_rank())
+        else:
+            rank = os.environ.get("RANK") or (os.environ.get("SLURM_PROCID") if "SLURM_STEP_NUM_TASKS" in os.environ
+                                              else None) or "0"
+        if rank == "0" or isinstance(error, LaunchError):
+            prefix = "" if rank == "0" else f"[rank {rank}] "
+            print(f"{prefix}{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+
+def measure(step, config, device, rank, world_size, monitor, stop):
+    """Warm-up, then timed steps. Returns this rank's record; a stop request ends the loop early."""
+    timer = StepTimer(device, config["steps"])
+    losses, record = [], {"rank": rank, "steps_run": 0, "signal": 0}
+    progress_every = max(1, config["steps"] // 5)
+
+    def run_steps(count, timed):
+        for index in range(count):
+            inject_fault(config, rank, record["steps_run"] + 1, "oom")
+            inject_fault(config, rank, record["steps_run"] + 1, "crash")
+            losses.append(step())  # a device tensor: reading it now would sync the host
+            record["steps_run"] += 1
+            if timed:
+                timer.mark()
+            if rank == 0 and (not timed or index == 0 or (index + 1) % progress_every == 0 or index + 1 == count):
+                print(f"  {'measuring' if timed else 'warm-up'} step {index + 1}/{count} (queued)", flush=True)
+            record["signal"] = stop.agreed(monitor, world_size)
+            if record["signal"]:
+                return False
+        return True
+
+    started = None
+    if run_steps(config["warmup_steps"], timed=False):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        if world_size > 1:
+            dist.barrier(group=monitor)
+        started = time.perf_counter()
+        timer.mark()
+        run_steps(config["steps"], timed=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    record["timed_wall_s"] = time.perf_counter() - started if started is not None else 0.0
+    record["step_times_ms"] = timer.step_times_ms()
+    record["losses"] = [float(v) for v in torch.stack(losses).float().cpu()] if losses else []
+    cuda = device.type == "cuda"
+    record["peak_allocated_mib"] = mib(torch.cuda.max_memory_allocated(device)) if cuda else None
+    record["peak_reserved_mib"] = mib(torch.cuda.max_memory_reserved(device)) if cuda else None
+    return record
+
+
+def make_synthetic_batch(config, rank, device):
+    """A distinct batch per rank, made once on the device and reused every step."""
+    generator = torch.Generator(device=device).manual_seed(config["seed"] + 1 + rank)
+    size = config["image_size"]
+    images = torch.randn(config["batch_size_per_device"], 3, size, size, generator=generator, device=device)
+    labels = torch.randint(0, NUM_CLASSES, (config["batch_size_per_device"],), generator=generator, device=device)
+    if config["memory_format"] == "channels_last":
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images, labels
+
+
+def setup_device(config, launch, device_count):
+    """Pick and configure this rank's device before any process group exists."""
+    if config["device"] == "cuda":
+        device = torch.device("cuda", launch["local_rank"] % device_count)  # Slurm may bind one GPU per task
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        return device
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch["local_world_size"]))
+    config["cpu_threads_per_rank"] = torch.get_num_threads()
+    return torch.device("cpu")
+
+
+def init_distributed(config, launch, device):
+    """The process group (NCCL or gloo) plus a gloo group for host-side agreement. Returns (store, monitor)."""
+    if launch["world_size"] == 1:
+        return None, None
+    timeout = datetime.timedelta(seconds=config["timeout_s"])
+    # torchrun's workers join the agent's store (env://); srun and hand-set variables need an address.
+    init_method = "env://" if launch["launcher"] == "torchrun" else \
+        f"tcp://{launch['master_addr']}:{launch['master_port']}"
+    dist.init_process_group(config["backend"], init_method=init_method, rank=launch["rank"],
+                            world_size=launch["world_size"], timeout=timeout,
+                            device_id=device if device.type == "cuda" else None)
+    return dist.distributed_c10d._get_default_store(), dist.new_group(backend="gloo", timeout=timeout)
+
+
+def finish_run(result, record, monitor, build_model, wall_start):
+    """Gather every rank's record, decide the status, write the result on rank 0; returns the exit code."""
+    world_size, rank = result["world"]["world_size"], record["rank"]
+    record["host"] = collect_host_hardware(result["config"]["device"]) if rank == 0 else None
+    records = gather_to_all(record, monitor, world_size)
+    signum = record["signal"]
+    if rank != 0:
+        return exit_code_for("interrupted" if signum else "ok", signum)
+    checks = complete_result(result, records, result["config"]["global_batch_size"],
+                             model_flops_per_image(build_model, result["config"]["image_size"]))
+    synced, largest = compare_checksums([r["checksums"] for r in records])
+    checks.update(parameters_synchronized=synced, parameter_max_abs_diff=largest,
+                  final_parameter_checksum=[float(v) for v in records[0]["checksums"].sum(0)])
+    result["checks"] = checks
+    timed = result["throughput"]["timed_steps"] if result["throughput"] else 0
+    expected = result["config"]["warmup_steps"] + result["config"]["steps"]
+    if signum:
+        name = signal.Signals(signum).name
+        result.update(status="interrupted", failure={"kind": "interrupted", "rank": None, "signal": name,
+                                                     "message": f"stopped by {name} after {timed} timed steps"})
+    elif any(r["steps_run"] != expected for r in records):
+        result.update(status="error", failure={"kind": "error", "rank": None,
+                                               "message": f"ranks ran {checks['steps_run_per_rank']} steps, "
+                                                          f"expected {expected} each"})
+    elif not synced:
+        result.update(status="desync", failure={"kind": "desync", "rank": None,
+                                                "message": f"parameters differ across ranks by up to {largest:.3g}"})
+    elif not checks["loss_finite"]:
+        result.update(status="desync", failure={"kind": "desync", "rank": None, "message": "the loss is not finite"})
+    else:
+        result["status"] = "ok"
+    result["wall_time_s"] = time.perf_counter() - wall_start
+    write_json_atomically(result["config"]["output"], result)
+    if result["throughput"]:
+        print_summary_table(result)
+    print(f"result: {result['status']} -> {result['config']['output']}", flush=True)
+    if result["failure"]:
+        print(f"{result['benchmark']}: {result['status']}: {result['failure']['message']}", file=sys.stderr,
+              flush=True)
+    return exit_code_for(result["status"], signum)
+
+
+def check_rank_agreement(config, hardware, monitor, world_size):
+    """Ranks must agree on the resolved precision (auto assumes identical GPUs) and own distinct GPUs."""
+    if world_size == 1:
+        return
+    mine = {"precision": config["precision"], "gpu": hardware.get("gpu_uuid"), "host": hardware["hostname"]}
+    everyone = gather_to_all(mine, monitor, world_size)
+    precisions = sorted({entry["precision"] for entry in everyone})
+    if len(precisions) > 1:
+        raise UsageError(f"ranks resolved different precisions {precisions}: pass an explicit --precision")
+    gpus = [(entry["host"], entry["gpu"]) for entry in everyone if entry["gpu"]]
+    if len(set(gpus)) < len(gpus):
+        raise UsageError("two ranks share one GPU: more ranks on a node than GPUs (one rank per GPU)")
+
+
+def gather_to_all(obj, group, world_size):
+    if world_size == 1:
+        return [obj]
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, obj, group=group)
+    return gathered
+
+
+def fail(error, result, rank, world_size, store, device, wall_start):
+    """Write what is known and exit non-zero; never wait on a collective that may never finish."""
+    if isinstance(error, UsageError):
+        raise error
+    kind = "interrupted" if isinstance(error, KeyboardInterrupt) else "oom" if is_out_of_memory(error) else "error"
+    message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    own = {"kind": kind, "rank": rank, "message": message}
+    if kind == "oom":
+        own["batch_size_per_device"] = result["config"]["batch_size_per_device"]
+        if device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            own.update(device_free_mib=mib(free), device_total_mib=mib(total),
+                       allocated_mib=mib(torch.cuda.memory_allocated(device)),
+                       peak_allocated_mib=mib(torch.cuda.max_memory_allocated(device)))
+    record_failure(store, rank, own)
+    if rank != 0:
+        print(f"[rank {rank}] {kind}: {message}", file=sys.stderr, flush=True)
+        os._exit(exit_code_for(kind, signal.SIGINT))
+    # A peer's recorded failure explains a broken collective better than the broken collective does.
+    peer = failure_from_peers(store, rank, world_size) if world_size > 1 and kind == "error" else None
+    failure = peer or own
+    result.update(status=failure["kind"], failure=failure, wall_time_s=time.perf_counter() - wall_start)
+    try:
+        write_json_atomically(result["config"]["output"], result)
+        where = result["config"]["output"]
+    except Exception as write_error:  # noqa: BLE001
+        where = f"no result written ({write_error})"
+    print(f"{BENCHMARK}: {failure['kind']} on rank {failure['rank']}: {failure['message']} -> {where}",
+          file=sys.stderr, flush=True)
+    os._exit(exit_code_for(failure["kind"], signal.SIGINT))
+
+# ============================================================================ end of harness
+
+
+def parse_arguments(argv=None):
+    parser = OneLineArgumentParser(description=__doc__.split("\n")[0],
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_harness_arguments(parser)
+    parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+                        help="let gradients alias DDP's buckets (saves a copy and memory)")
+    parser.add_argument("--static-graph", action="store_true", help="tell DDP the graph never changes")
+    parser.add_argument("--devices", type=positive_int, default=1, help="devices (processes) per node")
+    parser.add_argument("--num-nodes", type=positive_int, default=1, help="nodes")
+    return parser.parse_args(argv)
+
+
+def resolve_trainer_precision(precision):
+    """The shared fp32/bf16/fp16 choice in Lightning's words (fp32 keeps TF32 tensor cores on, as native)."""
+    return TRAINER_PRECISION[precision]
+
+
+def plan_launch(args, env):
+    """Who starts the processes: srun or torchrun (their layout must match --devices and --num-nodes),
+    else Lightning itself, which re-runs this script once per extra device with LOCAL_RANK set."""
+    launch = detect_launch(env)
+    if launch["launcher"] in ("slurm", "torchrun"):
+        what = "Slurm tasks" if launch["launcher"] == "slurm" else "torchrun processes"
+        if launch["launcher"] == "slurm" and launch["world_size"] > 1 and "SLURM_NTASKS_PER_NODE" not in env:
+            raise LaunchError("--ntasks without --ntasks-per-node: Lightning needs --ntasks-per-node equal to "
+                              f"--devices ({args.devices})")
+        if launch["local_world_size"] != args.devices:
+            raise LaunchError(f"{launch['local_world_size']} {what} per node but --devices {args.devices}: "
+                              f"Lightning needs them equal")
+        if launch["num_nodes"] != args.num_nodes:
+            raise LaunchError(f"{launch['num_nodes']} nodes in the allocation but --num-nodes {args.num_nodes}")
+        return launch
+    node_rank = int(env.get("NODE_RANK", "0"))
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    if not (0 <= node_rank < args.num_nodes and 0 <= local_rank < args.devices):
+        raise LaunchError(f"NODE_RANK={node_rank} LOCAL_RANK={local_rank} do not fit --num-nodes "
+                          f"{args.num_nodes} --devices {args.devices}")
+    world_size = args.devices * args.num_nodes
+    return {**launch, "launcher": "lightning" if world_size > 1 else "single", "rank": node_rank * args.devices +
+            local_rank, "world_size": world_size, "local_rank": local_rank, "local_world_size": args.devices,
+            "num_nodes": args.num_nodes, "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
+            "master_port": int(env.get("MASTER_PORT", "0"))}
+
+
+def quiet_lightning():
+    """Keep the output to what the benchmark prints: Lightning's tips and notices about the deliberate
+    choices here (barebones Trainer, token dataloader without workers) are not findings."""
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for message in (".*does not have many workers.*", ".*barebones=True.*", ".*LeafSpec.*", ".*srun.*"):
+        warnings.filterwarnings("ignore", message)
+
+
+def build_model():
+    return torchvision.models.resnet50(weights=None, num_classes=NUM_CLASSES)
+
+
+def make_optimizer(parameters, config):
+    return torch.optim.SGD(parameters, lr=config["lr"], momentum=config["momentum"],
+                           fused=config["device"] == "cuda")
+
+
+class ResNet50Benchmark(L.LightningModule):
+    def __init__(self, config, args, result, stop, wall_start):
+        super().__init__()
+        self.model = build_model()
+        if config["memory_format"] == "channels_last":
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.config, self.args, self.result, self.stop, self.wall_start = config, args, result, stop, wall_start
+        self.store = self.monitor = self.timer = self.images = self.labels = None
+        self.record, self.losses, self.started, self.exit_code = None, [], None, EXIT_ERROR
+
+    def setup(self, stage):
+        world_size = self.trainer.world_size
+        mode, per_device, global_batch = resolve_batch(self.args, world_size, self.config["device"])
+        if (per_device, global_batch) != (self.config["batch_size_per_device"], self.config["global_batch_size"]):
+            raise UsageError(f"Lightning runs {world_size} processes, not the planned {self.result['world']['world_size']}")
+        self.config.update(batch_mode=mode, batch_size_per_device=per_device, global_batch_size=global_batch)
+        if world_size > 1:
+            self.store = dist.distributed_c10d._get_default_store()
+            self.monitor = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.config["timeout_s"]))
+        self.hardware = collect_local_hardware(self.device, self.global_rank)
+        check_rank_agreement(self.config, self.hardware, self.monitor, world_size)
+        if self.global_rank == 0:
+            print_environment(self.result, self.config)
+        if self.config["compile"]:  # the ResNet alone, as native: DDP's buckets split the compiled graph
+            self.model = torch.compile(self.model, mode=None if self.config["compile_mode"] == "default"
+                                       else self.config["compile_mode"])
+
+    def on_train_start(self):
+        # Lightning's SIGTERM handler broadcasts from inside the handler; ours agrees after a step instead.
+        self.stop.install()
+        self.images, self.labels = make_synthetic_batch(self.config, self.global_rank, self.device)
+        self.timer = StepTimer(self.device, self.config["steps"])
+        self.record = {"rank": self.global_rank, "steps_run": 0, "signal": 0}
+
+    def training_step(self, batch, batch_idx):
+        loss = F.cross_entropy(self.model(self.images), self.labels)
+        self.losses.append(loss.detach())  # a device tensor: reading it now would sync the host
+        return loss
+
+    def configure_optimizers(self):
+        return make_optimizer(self.parameters(), self.config)
+
+    def train_dataloader(self):
+        # One plain integer per optimizer step: nothing to copy to the device, and every rank sees all of
+        # them (the Trainer is told not to add a distributed sampler).
+        total = self.config["warmup_steps"] + self.config["steps"]
+        return torch.utils.data.DataLoader(range(total), batch_size=None, shuffle=False)
+
+    def on_train_batch_start(self, batch, batch_idx):
+        inject_fault(self.config, self.global_rank, batch_idx + 1, "oom")
+        inject_fault(self.config, self.global_rank, batch_idx + 1, "crash")
+        if batch_idx == self.config["warmup_steps"]:  # the first timed step
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+            if self.monitor is not None:
+                dist.barrier(group=self.monitor)
+            self.started = time.perf_counter()
+            self.timer.mark()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.record["steps_run"] += 1
+        timed = batch_idx >= self.config["warmup_steps"]
+        index = batch_idx - self.config["warmup_steps"] if timed else batch_idx
+        count = self.config["steps"] if timed else self.config["warmup_steps"]
+        if timed:
+            self.timer.mark()
+        if self.global_rank == 0 and (not timed or index == 0 or (index + 1) % max(1, count // 5) == 0
+                                      or index + 1 == count):
+            print(f"  {'measuring' if timed else 'warm-up'} step {index + 1}/{count} (queued)", flush=True)
+        self.record["signal"] = self.stop.agreed(self.monitor, self.trainer.world_size)
+        if self.record["signal"]:
+            self.trainer.should_stop = True
+
+    def on_train_end(self):
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        record = self.record
+        record["timed_wall_s"] = time.perf_counter() - self.started if self.started is not None else 0.0
+        record["step_times_ms"] = self.timer.step_times_ms()
+        record["losses"] = [float(v) for v in torch.stack(self.losses).float().cpu()] if self.losses else []
+        record["peak_allocated_mib"] = mib(torch.cuda.max_memory_allocated(self.device)) if cuda else None
+        record["peak_reserved_mib"] = mib(torch.cuda.max_memory_reserved(self.device)) if cuda else None
+        inject_fault(self.config, self.global_rank, 0, "desync", self.model)
+        record.update(hardware=self.hardware, checksums=parameter_checksums(self.model.parameters()))
+        self.exit_code = finish_run(self.result, record, self.monitor, build_model, self.wall_start)
+
+
+def main(argv=None):
+    started_at = datetime.datetime.now(datetime.timezone.utc)
+    wall_start = time.perf_counter()
+    args = parse_arguments(argv)
+    launch = plan_launch(args, os.environ)
+    cuda_available = args.device == "cuda" and torch.cuda.is_available()
+    device_count = torch.cuda.device_count() if cuda_available else 0
+    bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
+    config = resolve_harness_config(args, launch, STRATEGY, cuda_available, device_count, bf16_supported)
+    config.update(model="resnet50", bucket_cap_mb=args.bucket_cap_mb,
+                  gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph,
+                  optimizer="sgd", optimizer_impl="fused" if config["device"] == "cuda" else "foreach",
+                  devices=args.devices, num_nodes=args.num_nodes,
+                  trainer_precision=resolve_trainer_precision(config["precision"]),
+                  lightning=package_version("lightning"))
+    rank, world_size = launch["rank"], launch["world_size"]
+    stop = StopRequest()
+    stop.install()
+    device = setup_device(config, launch, device_count)
+    result = base_result(config, launch, started_at)
+    module = None
+    try:
+        torch.manual_seed(config["seed"])  # identical initial weights on every rank
+        module = ResNet50Benchmark(config, args, result, stop, wall_start)
+        if world_size > 1:
+            strategy = DDPStrategy(process_group_backend=config["backend"],
+                                   timeout=datetime.timedelta(seconds=config["timeout_s"]),
+                                   bucket_cap_mb=config["bucket_cap_mb"], static_graph=config["static_graph"],
+                                   gradient_as_bucket_view=config["gradient_as_bucket_view"])
+        else:
+            strategy = "auto"  # one device: no DDP wrapper, as native
+        quiet_lightning()
+        trainer = L.Trainer(accelerator="gpu" if config["device"] == "cuda" else "cpu", devices=args.devices,
+                            num_nodes=args.num_nodes, strategy=strategy, precision=config["trainer_precision"],
+                            max_epochs=1, max_steps=config["warmup_steps"] + config["steps"], barebones=True,
+                            use_distributed_sampler=False)
+        trainer.fit(module)
+        return module.exit_code
+    except UsageError:
+        raise
+    except BaseException as error:  # noqa: BLE001 - every failure must end in a result, not a traceback
+        return fail(error, result, rank, world_size, module.store if module else None, device, wall_start)
+
+
+if __name__ == "__main__":
+    run_guarded(main)

@@ -1,0 +1,106 @@
+"""The Lightning twin: same options and result as native, and it trains identically (CPU, gloo)."""
+import re
+import sys
+
+import pytest
+import torch
+
+from conftest import LIGHTNING, ROOT, SMALL, clean_env, load_script, read_result, run_script
+
+
+@pytest.fixture(scope="module")
+def lightning_two_rank(tmp_path_factory):
+    output = tmp_path_factory.mktemp("lightning") / "result.json"
+    proc = run_script(LIGHTNING, [*SMALL, "--devices", "2", "--output", str(output)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, read_result(output)
+
+
+@pytest.fixture(scope="module")
+def twin():
+    return load_script(LIGHTNING, "lightning_twin_under_test")
+
+
+def test_lightning_and_native_train_identically(lightning_two_rank, native_two_rank):
+    _, lightning = lightning_two_rank
+    _, native = native_two_rank
+    assert lightning["config"]["global_batch_size"] == native["config"]["global_batch_size"] == 8
+    # Same seed, data and optimizer: the same loss at every step (warm-up included) and the same weights.
+    assert lightning["loss_per_step"] == pytest.approx(native["loss_per_step"], rel=1e-5, abs=1e-6)
+    assert len(lightning["loss_per_step"]) == 6
+    assert lightning["checks"]["final_parameter_checksum"] == pytest.approx(
+        native["checks"]["final_parameter_checksum"], rel=1e-6)
+
+
+def test_lightning_result_fields(lightning_two_rank):
+    proc, result = lightning_two_rank
+    assert (result["benchmark"], result["strategy"], result["status"]) == \
+        ("lightning/ddp_resnet50.py", "lightning_ddp", "ok")
+    assert result["world"]["launcher"] == "lightning" and result["world"]["world_size"] == 2
+    config = result["config"]
+    assert (config["devices"], config["num_nodes"], config["trainer_precision"]) == (2, 1, "32-true")
+    assert result["checks"]["steps_run_per_rank"] == [6, 6]  # warm-up + timed on every rank
+    assert result["checks"]["parameters_synchronized"] and result["throughput"]["timed_steps"] == 4
+    assert proc.stdout.count("== lightning/ddp_resnet50.py") == 1 and "| lightning_ddp | 2 |" in proc.stdout
+
+
+def test_trainer_precision_mapping(twin):
+    assert [twin.resolve_trainer_precision(p) for p in ("fp32", "bf16", "fp16")] == \
+        ["32-true", "bf16-mixed", "16-mixed"]
+
+
+SRUN = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_TASKS_PER_NODE": "4", "SLURM_NTASKS": "4",
+        "SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_ID": "42", "SLURM_STEP_NODELIST": "node1"}
+
+
+@pytest.mark.parametrize("argv,env,rule", [
+    (["--devices", "2"], SRUN, "4 Slurm tasks per node but --devices 2"),
+    (["--devices", "4", "--num-nodes", "2"], SRUN, "1 nodes in the allocation but --num-nodes 2"),
+    (["--devices", "4"], {k: v for k, v in SRUN.items() if k != "SLURM_NTASKS_PER_NODE"},
+     "--ntasks without --ntasks-per-node"),
+    (["--devices", "2"], {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4",
+                          "TORCHELASTIC_RUN_ID": "x"}, "4 torchrun processes per node but --devices 2"),
+    (["--devices", "0"], {}, "must be a positive integer"),
+    (["--precision", "fp16"], {}, "fp16 needs a GPU"),
+    (["--devices", "3", "--global-batch-size", "8"], {}, "not divisible by the world size 3"),
+])
+def test_bad_input(twin, argv, env, rule, tmp_path, monkeypatch, capsys):
+    for name in list(SRUN) + ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    base = [a for a in SMALL]
+    if "--global-batch-size" in argv:
+        index = base.index("--batch-size-per-device")
+        del base[index:index + 2]
+    output = tmp_path / "r.json"
+    monkeypatch.setattr(sys, "argv", ["lightning/ddp_resnet50.py", *base, *argv, "--output", str(output)])
+    with pytest.raises(SystemExit) as exit_info:
+        twin.run_guarded(twin.main)
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and rule in lines[0], lines
+    assert not output.exists()
+
+
+def test_more_devices_than_gpus(twin, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(sys, "argv", ["x", "--devices", "2", "--output", str(tmp_path / "r.json")])
+    with pytest.raises(SystemExit) as exit_info:
+        twin.run_guarded(twin.main)
+    assert exit_info.value.code == 2 and "2 ranks on this node but only 1 GPUs" in capsys.readouterr().err
+
+
+def test_readme_code_map_line_numbers_match_the_file():
+    readme = (ROOT / "lightning" / "README.md").read_text()
+    source = (ROOT / "lightning" / "ddp_resnet50.py").read_text().splitlines()
+    entries = re.findall(r"`(?:ResNet50Benchmark\.)?(\w+)\(\)` — line (\d+)", readme)
+    assert len(entries) >= 10, entries
+    for name, line in entries:
+        text = source[int(line) - 1]
+        assert re.match(rf"\s*(def|class) {name}\b", text), f"{name} is not at line {line}: {text!r}"
+    for name, line in re.findall(r"`(\w+\.\w+\(weights=None\))` at line (\d+)", readme):
+        assert name.split("(")[0] in source[int(line) - 1], (name, line)
