@@ -27,7 +27,10 @@ memory is the largest `max_memory_allocated` over the ranks (none on the CPU).
 
 Regression check: every current result is compared with the reference result(s) of the same configuration
 (software versions aside: catching what a new version costs is the point). A throughput drop or a peak
-memory rise beyond the tolerance, or a status other than ok, is a violation: one line each, exit 1.
+memory rise beyond the tolerance, or a status other than ok, is a violation: one line each, exit 1. Several
+reference results of one configuration are repeats: the check compares with their median. A current result
+without a reference is reported and not checked; when that leaves nothing checked and nothing failed, the
+reference is incomparable (exit 2). Peak memory is only compared where both sides measured it (not on CPUs).
 
 Exit codes: 0 fine, 1 regression or stale README, 2 unusable invocation (one line on stderr).
 """
@@ -35,7 +38,6 @@ Exit codes: 0 fine, 1 regression or stale README, 2 unusable invocation (one lin
 import argparse
 import json
 import math
-import os
 import pathlib
 import re
 import statistics
@@ -430,7 +432,9 @@ def sources_text(rows, base):
 
 
 def display_path(path, base):
-    return pathlib.Path(os.path.relpath(path.resolve(), base)).as_posix()
+    """Relative to base where the path lies under it (the README's folder, or the current one)."""
+    path = pathlib.Path(path).resolve()
+    return (path.relative_to(base).as_posix() or ".") if path.is_relative_to(base) else path.as_posix()
 
 
 def all_runs_table(rows, varying):
@@ -735,7 +739,7 @@ def check_against(runs, reference_runs, tolerance, reference_path):
         raise UsageError(f"--check-against {reference_path}: no result with status ok to compare with")
     violations, checked, unmatched, lines = [], 0, [], []
     for run in sorted(runs, key=lambda run: str(run["path"])):
-        name = run["path"].name
+        name = display_path(run["path"], pathlib.Path.cwd())
         if run["status"] != "ok":
             violations.append(f"{name}: status {run['status']}: {run['failure'] or 'no message'}")
             continue
@@ -757,12 +761,13 @@ def check_against(runs, reference_runs, tolerance, reference_path):
                 violations.append(f"{name}: peak memory rose {rise:.1%} ({format_mib(reference_mib)} -> "
                                   f"{format_mib(current_mib)} MiB), more than {tolerance:.1%}: "
                                   f"{describe(run['config'])}")
-    if unmatched and not checked and len(unmatched) == len([run for run in runs if run["status"] == "ok"]):
+    # Nothing compared and nothing failed: the reference is for other configurations, a mistake in the call.
+    if unmatched and not checked and not violations:
         raise UsageError(f"incomparable: no result in {reference_path} has the configuration of "
                          f"{describe(unmatched[0]['config'])} (the reference holds "
                          f"{'; '.join(sorted({describe(row['config']) for row in references}))})")
     for run in unmatched:
-        lines.append(f"report.py: warning: {run['path'].name}: no reference result with its configuration, "
+        lines.append(f"report.py: warning: {display_path(run['path'], pathlib.Path.cwd())}: no reference result with its configuration, "
                      f"not checked: {describe(run['config'])}")
     if violations:
         lines += [f"REGRESSION {line}" for line in violations]

@@ -1,0 +1,381 @@
+"""report.py on real result files: tables, plots, the regression check, the README section and bad inputs.
+
+The fixtures under tests/fixtures/results/ were written by ddp_resnet50.py in CPU runs
+(tests/fixtures/make_report_fixtures.sh). No benchmark runs here: every test reads files.
+"""
+import copy
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, clean_env, load_script, one_error_line, read_result
+
+REPORT = ROOT / "report.py"
+FIXTURES = ROOT / "tests" / "fixtures" / "results"
+
+
+@pytest.fixture(scope="module")
+def report():
+    return load_script(REPORT, "report_under_test")
+
+
+def run_report(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(REPORT), *map(str, args)], capture_output=True, text=True,
+                          timeout=120, env=clean_env(), cwd=cwd)
+
+
+def fixture(name):
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def write(path, result):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result))
+    return path
+
+
+def table_rows(markdown, title):
+    """The cells of the Markdown table that follows a bold title."""
+    block = markdown.split(f"**{title}**", 1)[1].split("\n\n", 2)[1]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()[2:]]
+
+
+def as_lightning(result):
+    """Stand-in for a lightning/ddp_resnet50.py result until real fixtures exist: a native result relabelled."""
+    result = copy.deepcopy(result)
+    result["benchmark"] = result["config"]["benchmark"] = "lightning/ddp_resnet50.py"
+    result["strategy"] = result["config"]["strategy"] = "lightning_ddp"
+    result["throughput"]["images_per_second"] *= 0.9
+    return result
+
+
+def with_memory(result, allocated_mib, strategy=None, benchmark=None):
+    """A CPU result given GPU-like peak memory figures (the CPU has no memory counters), optionally relabelled
+    as another benchmark's strategy: what the memory comparisons need and the CPU cannot measure."""
+    result = copy.deepcopy(result)
+    result["memory"]["peak_allocated_mib"] = allocated_mib
+    result["memory"]["peak_reserved_mib"] = allocated_mib * 1.25
+    if benchmark:
+        result["benchmark"] = result["config"]["benchmark"] = benchmark
+    if strategy:
+        result["strategy"] = result["config"]["strategy"] = strategy
+    return result
+
+
+# ---------------------------------------------------------------------------- fixtures and tables
+
+def test_fixtures_are_real_results_of_the_schema():
+    names = sorted(path.stem for path in FIXTURES.glob("*.json"))
+    assert names == ["native-desync-2proc", "native-strong-1proc", "native-strong-2proc", "native-weak-1proc",
+                     "native-weak-2proc-a", "native-weak-2proc-b"]
+    for name in names:
+        result = read_result(FIXTURES / f"{name}.json")
+        assert result["benchmark"] == "ddp_resnet50.py" and result["config"]["device"] == "cpu"
+    assert fixture("native-desync-2proc")["status"] == "desync"
+
+
+def test_markdown_table_aggregates_repeats_and_marks_failures():
+    proc = run_report(FIXTURES)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    markdown = proc.stdout
+    assert markdown.count("## CPU (") == 1  # one setup: every fixture ran on this CPU with one torch
+    rows = table_rows(markdown, "All configurations")
+    header = markdown.split("**All configurations**", 1)[1].split("\n\n", 2)[1].splitlines()[0]
+    assert ("| benchmark | strategy | processes | batch mode | batch (img/process) | global batch (img) | "
+            "Median throughput (img/s) (rank 0) ± MAD | Throughput (img/s) | Peak memory (MiB) | runs | "
+            "spread between runs | status |") == header
+    # Strong scaling rows (global batch 8) first, then weak (4 per process); the failed run after its twin.
+    assert [(row[2], row[3], row[4], row[5], row[11]) for row in rows] == [
+        ("1", "global", "8", "8", "ok"), ("2", "global", "4", "8", "ok"), ("1", "per device", "4", "4", "ok"),
+        ("2", "per device", "4", "8", "ok"), ("2", "per device", "4", "8", "**✗ desync**")]
+    # The two ok 2-process weak runs are repeats: the median of each figure, and their spread.
+    a, b = fixture("native-weak-2proc-a")["throughput"], fixture("native-weak-2proc-b")["throughput"]
+    median = statistics.median([a["images_per_second"], b["images_per_second"]])
+    spread = abs(a["images_per_second"] - b["images_per_second"]) / median
+    rank0 = statistics.median([a["rank0_median_images_per_second"], b["rank0_median_images_per_second"]])
+    mad = statistics.median([a["rank0_mad_images_per_second"], b["rank0_mad_images_per_second"]])
+    assert rows[3][6:11] == [f"{rank0:.2f} ± {mad:.2f}", f"{median:.2f}", "n/a", "2", f"{spread * 100:.1f} %"]
+    single = fixture("native-weak-1proc")["throughput"]
+    assert rows[2][6:11] == [f"{single['rank0_median_images_per_second']:.2f} ± "
+                             f"{single['rank0_mad_images_per_second']:.2f}", f"{single['images_per_second']:.2f}",
+                             "n/a", "1", "–"]
+    failure = fixture("native-desync-2proc")["failure"]["message"]
+    assert f"- ✗ desync in `native-desync-2proc.json`: {failure}" in markdown
+    assert "Results from `tests/fixtures/results` (6 files)." in markdown
+
+
+def test_scaling_tables_pair_runs_that_differ_only_in_world_size():
+    markdown = run_report(FIXTURES).stdout
+    one, two = fixture("native-weak-1proc")["throughput"], fixture("native-weak-2proc-a")["throughput"]
+    two_median = statistics.median([two["images_per_second"],
+                                    fixture("native-weak-2proc-b")["throughput"]["images_per_second"]])
+    weak = table_rows(markdown, "Weak scaling")
+    efficiency = two_median / (2 * one["images_per_second"])
+    assert weak == [
+        ["ddp_resnet50.py", "ddp", "4", "1", f"{one['images_per_second']:.2f}", f"{one['images_per_second']:.2f}",
+         "1.00×", "100.0 %"],
+        ["ddp_resnet50.py", "ddp", "4", "2", f"{two_median:.2f}", f"{two_median / 2:.2f}",
+         f"{two_median / one['images_per_second']:.2f}×", f"{efficiency * 100:.1f} %"]]
+    strong = table_rows(markdown, "Strong scaling")
+    one, two = fixture("native-strong-1proc")["throughput"], fixture("native-strong-2proc")["throughput"]
+    speedup = two["images_per_second"] / one["images_per_second"]
+    assert [row[2:] for row in strong] == [
+        ["8", "1", "8", f"{one['images_per_second']:.2f}", "1.00×", "1.00×", "100.0 %"],
+        ["8", "2", "4", f"{two['images_per_second']:,.1f}" if two["images_per_second"] >= 10
+         else f"{two['images_per_second']:.2f}", f"{speedup:.2f}×", "2.00×", f"{speedup / 2 * 100:.1f} %"]]
+
+
+def test_lightning_and_sharding_tables(tmp_path, report):
+    """Stand-ins built from real native results (see as_lightning / with_memory) until lightning and oss
+    fixtures are generated: the arithmetic and the pairing are what is under test."""
+    native = fixture("native-weak-2proc-a")
+    write(tmp_path / "native.json", native)
+    write(tmp_path / "lightning.json", as_lightning(native))
+    figures = {"ddp": 9000.0, "oss_ddp": 7000.0, "fsdp_zero3": 4500.0}
+    for strategy, mib in figures.items():
+        write(tmp_path / f"oss-{strategy}.json", with_memory(native, mib, strategy, "oss_benchmark.py"))
+    oom = copy.deepcopy(native)
+    oom.update(benchmark="oss_benchmark.py", strategy="zero1", status="oom", throughput=None, memory=None,
+               hardware=None, step_times_ms_per_rank=None,
+               failure={"kind": "oom", "rank": 0, "message": "OutOfMemoryError: CUDA out of memory"})
+    write(tmp_path / "oss-zero1-oom.json", oom)
+    markdown = run_report(tmp_path).stdout
+    rate = native["throughput"]["images_per_second"]
+    assert table_rows(markdown, "Lightning against native DDP") == [
+        ["2", "per device", "4", "ddp", f"{rate:.2f}", "lightning_ddp", f"{rate * 0.9:.2f}", "0.90×", "n/a", "n/a",
+         "–"]]
+    sharding = table_rows(markdown, "Sharding strategies")
+    assert [(row[2], row[5], row[6], row[7], row[8]) for row in sharding] == [
+        ("ddp", "baseline", "9,000", "baseline", "ok"),
+        ("oss_ddp", "1.00×", "7,000", "2,000 MiB (22.2 %)", "ok"),
+        ("zero1", "–", "–", "–", "**✗ oom**"),
+        ("fsdp_zero3", "1.00×", "4,500", "4,500 MiB (50.0 %)", "ok")]
+    # The OOM run never saw its hardware: it joins its folder's CPU setup rather than a setup of its own.
+    assert markdown.count("## CPU") == 1
+
+
+def test_options_that_differ_split_configurations_and_are_shown(tmp_path):
+    base = fixture("native-weak-2proc-a")
+    bigger = copy.deepcopy(base)
+    bigger["config"]["bucket_cap_mb"] = 50.0
+    write(tmp_path / "a.json", base)
+    write(tmp_path / "b.json", bigger)
+    rows = table_rows(run_report(tmp_path).stdout, "All configurations")
+    assert [(row[1], row[9]) for row in rows] == [("ddp (bucket_cap_mb=25.0)", "1"), ("ddp (bucket_cap_mb=50.0)", "1")]
+
+
+def test_report_is_deterministic_and_independent_of_input_order(report):
+    files = sorted(FIXTURES.glob("*.json"))
+    forward = report.render_markdown(report.load_runs(files), ROOT)
+    backward = report.render_markdown(report.load_runs(files[::-1]), ROOT)
+    assert forward == backward == report.render_markdown(report.load_runs([FIXTURES]), ROOT)
+
+
+def test_markdown_file_output(tmp_path):
+    out = tmp_path / "report.md"
+    proc = run_report(FIXTURES, "--markdown", out)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"wrote {out}"
+    assert out.read_text().startswith("# Benchmark report\n") and "**Weak scaling**" in out.read_text()
+
+
+# ---------------------------------------------------------------------------- plots
+
+def test_plots_are_written_as_png(tmp_path):
+    inputs = tmp_path / "inputs"
+    for path in FIXTURES.glob("*.json"):
+        write(inputs / path.name, json.loads(path.read_text()))
+    for strategy, mib in {"ddp": 9000.0, "zero1": 6000.0}.items():
+        write(inputs / f"oss-{strategy}.json", with_memory(fixture("native-weak-2proc-a"), mib, strategy,
+                                                            "oss_benchmark.py"))
+    plots = tmp_path / "plots"
+    proc = run_report(inputs, "--plots", plots)
+    assert proc.returncode == 0, proc.stderr
+    written = sorted(path.name.split("-")[0] for path in plots.glob("*.png"))
+    assert written == ["memory", "scaling", "step_times"]
+    for path in plots.glob("*.png"):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+        assert f"wrote {path}" in proc.stdout
+
+
+def test_cpu_results_have_no_memory_plot_and_say_so(tmp_path):
+    proc = run_report(FIXTURES, "--plots", tmp_path)
+    assert proc.returncode == 0
+    assert sorted(path.name.split("-")[0] for path in tmp_path.glob("*.png")) == ["scaling", "step_times"]
+    assert "no memory plot" in proc.stderr and "no GPU memory counters" in proc.stderr
+
+
+# ---------------------------------------------------------------------------- regression check
+
+def test_check_passes_against_itself_with_both_tolerance_spellings():
+    for tolerance in ("5%", "0.05"):
+        proc = run_report(FIXTURES / "native-weak-1proc.json", "--check-against", FIXTURES / "native-weak-1proc.json",
+                          "--tolerance", tolerance)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.startswith("check passed: 1 result within 5.0% of")
+
+
+def test_check_fails_on_a_throughput_drop_beyond_the_tolerance(tmp_path):
+    reference = fixture("native-weak-1proc")
+    worse = copy.deepcopy(reference)
+    worse["throughput"]["images_per_second"] *= 0.9  # a 10 % drop
+    current = write(tmp_path / "current.json", worse)
+    proc = run_report(current, "--check-against", FIXTURES / "native-weak-1proc.json", "--tolerance", "5%")
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"REGRESSION {current}: throughput dropped 10.0% (")
+    assert lines[1].startswith("check failed: 1 violation")
+    assert run_report(current, "--check-against", FIXTURES / "native-weak-1proc.json",
+                      "--tolerance", "15%").returncode == 0
+
+
+def test_check_fails_on_a_memory_rise_beyond_the_tolerance(tmp_path):
+    reference = write(tmp_path / "reference.json", with_memory(fixture("native-weak-1proc"), 1000.0))
+    current = write(tmp_path / "current" / "current.json", with_memory(fixture("native-weak-1proc"), 1100.0))
+    proc = run_report(current, "--check-against", reference, "--tolerance", "0.05")
+    assert proc.returncode == 1
+    assert "peak memory rose 10.0% (1,000 -> 1,100 MiB), more than 5.0%" in proc.stdout
+    assert run_report(current, "--check-against", reference, "--tolerance", "10.5%").returncode == 0
+
+
+def test_check_fails_on_a_non_ok_status():
+    proc = run_report(FIXTURES / "native-desync-2proc.json", FIXTURES / "native-weak-2proc-a.json",
+                      "--check-against", FIXTURES / "native-weak-2proc-b.json", "--tolerance", "50%")
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[0] == ("REGRESSION tests/fixtures/results/native-desync-2proc.json: status "
+                                           "desync: parameters differ across ranks by up to 9.41")
+
+
+def test_check_uses_the_median_of_reference_repeats(tmp_path):
+    a, b = fixture("native-weak-2proc-a"), fixture("native-weak-2proc-b")
+    reference = statistics.median([a["throughput"]["images_per_second"], b["throughput"]["images_per_second"]])
+    current = copy.deepcopy(a)
+    current["throughput"]["images_per_second"] = reference * 0.97
+    path = write(tmp_path / "current.json", current)
+    folder = FIXTURES  # the folder holds both repeats (and runs of other configurations, not matched)
+    assert run_report(path, "--check-against", folder, "--tolerance", "4%").returncode == 0
+    assert run_report(path, "--check-against", folder, "--tolerance", "2%").returncode == 1
+
+
+def test_check_reports_results_without_a_reference_and_refuses_an_incomparable_one():
+    proc = run_report(FIXTURES / "native-weak-1proc.json", FIXTURES / "native-strong-1proc.json",
+                      "--check-against", FIXTURES / "native-weak-1proc.json")
+    assert proc.returncode == 0
+    assert "native-strong-1proc.json: no reference result with its configuration, not checked" in proc.stderr
+    proc = run_report(FIXTURES / "native-strong-1proc.json", "--check-against", FIXTURES / "native-weak-2proc-a.json")
+    assert proc.returncode == 2
+    [line] = one_error_line(proc.stderr)
+    assert line.startswith("report.py: error: incomparable: no result in ")
+
+
+@pytest.mark.parametrize("tolerance", ["5", "-1%", "150%", "five", "nan"])
+def test_bad_tolerances_are_refused(tolerance):
+    proc = run_report(FIXTURES, "--check-against", FIXTURES, f"--tolerance={tolerance}")
+    assert proc.returncode == 2
+    [line] = one_error_line(proc.stderr)
+    assert line.startswith(f"report.py: error: --tolerance '{tolerance}'")
+
+
+def test_parse_tolerance(report):
+    assert report.parse_tolerance("5%") == report.parse_tolerance("0.05") == pytest.approx(0.05)
+    assert report.parse_tolerance("0%") == 0
+
+
+# ---------------------------------------------------------------------------- bad inputs
+
+def test_files_that_are_not_results_are_skipped_with_one_warning_each(tmp_path):
+    (tmp_path / "notes.json").write_text("not json at all")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "other.json").write_text(json.dumps({"hello": "world"}))
+    newer = fixture("native-weak-1proc")
+    newer["schema_version"] = 2
+    write(tmp_path / "newer.json", newer)
+    broken = fixture("native-weak-1proc")
+    broken["throughput"]["images_per_second"] = "fast"
+    write(tmp_path / "broken.json", broken)
+    truncated = fixture("native-weak-1proc")
+    del truncated["config"]["batch_mode"]
+    write(tmp_path / "truncated.json", truncated)
+    (tmp_path / "README.md").write_text("not read: folders give only their *.json files")
+    write(tmp_path / ".tmp-half-written.json", {})  # a run still writing its result: hidden, left alone
+    write(tmp_path / "good.json", fixture("native-weak-1proc"))
+    proc = run_report(tmp_path)
+    assert proc.returncode == 0 and "| ddp_resnet50.py | ddp | 1 |" in proc.stdout
+    warnings = one_error_line(proc.stderr)
+    assert sorted(warnings) == sorted([
+        f"report.py: warning: input {tmp_path / 'broken.json'}: skipped: throughput.images_per_second is "
+        "'fast', not a number",
+        f"report.py: warning: input {tmp_path / 'list.json'}: skipped: not a benchmark result (no schema_version)",
+        f"report.py: warning: input {tmp_path / 'newer.json'}: skipped: schema_version 2, this report reads "
+        "version 1",
+        f"report.py: warning: input {tmp_path / 'notes.json'}: skipped: not JSON (Expecting value: line 1 "
+        "column 1 (char 0))",
+        f"report.py: warning: input {tmp_path / 'other.json'}: skipped: not a benchmark result (no schema_version)",
+        f"report.py: warning: input {tmp_path / 'truncated.json'}: skipped: not a benchmark result "
+        "(config.batch_mode is missing)"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["/no/such/folder"], "report.py: error: /no/such/folder: no such file or folder"),
+    (["{empty}"], "report.py: error: no result files in {empty}"),
+    (["{fixtures}", "--tolerance", "5%"], "report.py: error: --tolerance needs --check-against"),
+    (["{fixtures}", "--check-against", "/no/such/reference"],
+     "report.py: error: /no/such/reference: no such file or folder"),
+    (["{fixtures}", "--check-against", "{empty}"], "report.py: error: --check-against {empty}: no result files"),
+    (["{fixtures}", "--check-readme", "{empty}/README.md"], "report.py: error: {empty}/README.md: cannot be read "
+                                                              "(FileNotFoundError: [Errno 2] No such file or "
+                                                              "directory: '{empty}/README.md')"),
+    (["{fixtures}", "--update-readme", "{fixtures}/../make_report_fixtures.sh"],
+     "report.py: error: {fixtures}/../make_report_fixtures.sh: needs exactly one '<!-- report:begin -->' "
+     "followed by one '<!-- report:end -->'"),
+    ([], "report.py: error: the following arguments are required: PATH"),
+])
+def test_unusable_invocations_exit_2_with_one_line(tmp_path, args, message):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fill = {"empty": empty, "fixtures": FIXTURES}
+    proc = run_report(*[arg.format(**fill) for arg in args])
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert one_error_line(proc.stderr) == [message.format(**fill)]
+
+
+# ---------------------------------------------------------------------------- README section
+
+def test_committed_readme_agrees_with_the_report_of_results():
+    proc = run_report("results", "--check-readme", "README.md")
+    assert proc.returncode == 0, (proc.stderr + "\nrun: python report.py results --update-readme README.md")
+    assert proc.stdout.strip() == "README.md: the results section agrees with the report"
+
+
+def test_readme_update_replaces_only_the_section_and_check_sees_staleness(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# Title\n\nintro\n\n<!-- report:begin -->\nold text\n<!-- report:end -->\n\noutro\n")
+    results = tmp_path / "results" / "cpu-2026-11-29"
+    for name in ("native-weak-1proc", "native-weak-2proc-a"):
+        write(results / f"{name}.json", fixture(name))
+    stale = run_report("results", "--check-readme", "README.md", cwd=tmp_path)
+    assert stale.returncode == 1 and "--update-readme README.md" in stale.stderr
+    assert run_report("results", "--update-readme", "README.md", cwd=tmp_path).returncode == 0
+    text = readme.read_text()
+    assert text.startswith("# Title\n\nintro\n\n<!-- report:begin -->\n<!-- generated by `python report.py results "
+                           "--update-readme README.md`")
+    assert text.endswith("\n<!-- report:end -->\n\noutro\n") and "old text" not in text
+    assert "### CPU (" in text and "Results from `results/cpu-2026-11-29` (2 files)." in text
+    # The same section whichever way the folder is named and wherever the command runs.
+    again = run_report(tmp_path / "results", "--check-readme", readme, cwd=ROOT)
+    assert again.returncode == 0, again.stderr
+    assert run_report("results", "--update-readme", "README.md", cwd=tmp_path).stdout.strip() == \
+        "README.md: results section already up to date"
+    assert readme.read_text() == text
+
+
+def test_readme_section_without_results_says_so(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- report:begin -->\n<!-- report:end -->\n")
+    (tmp_path / "results").mkdir()
+    assert run_report("results", "--update-readme", "README.md", cwd=tmp_path).returncode == 0
+    assert "No results committed yet" in readme.read_text()
+    assert run_report("results", "--check-readme", "README.md", cwd=tmp_path).returncode == 0
