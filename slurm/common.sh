@@ -56,7 +56,7 @@ bench_has_arg() {
 # neither: then what CUDA_VISIBLE_DEVICES or nvidia-smi shows on this (the first) node counts.
 bench_gpus_per_node() {
   local count
-  if [ -n "${SLURM_GPUS_PER_NODE:-}" ]; then
+  if [ -n "${SLURM_GPUS_PER_NODE:-}" ] && [ "${SLURM_GPUS_PER_NODE##*:}" != 0 ]; then
     # Preferred over SLURM_GPUS_ON_NODE: with --exclusive Slurm allocates every GPU of the node there.
     count=${SLURM_GPUS_PER_NODE##*:}
   elif [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then
@@ -103,9 +103,9 @@ bench_check_layout() {
     if (( gpus == 0 )); then
       bench_die "no GPU allocated to this job: submit with --gpus-per-node=$BENCH_TASKS_PER_NODE (or --gres=gpu:$BENCH_TASKS_PER_NODE where the site uses that), or set BENCH_DEVICE=cpu for a CPU run"
     elif (( gpus < BENCH_TASKS_PER_NODE )); then
-      bench_die "$BENCH_TASKS_PER_NODE tasks per node but only $gpus GPUs per node: one task per GPU, so ask for --gpus-per-node=$BENCH_TASKS_PER_NODE or --ntasks-per-node=$gpus"
+      bench_die "$BENCH_TASKS_PER_NODE tasks per node but only $gpus GPU(s) per node: one task per GPU, so ask for --gpus-per-node=$BENCH_TASKS_PER_NODE or --ntasks-per-node=$gpus"
     elif (( gpus > BENCH_TASKS_PER_NODE )); then
-      bench_die "$gpus GPUs per node but only $BENCH_TASKS_PER_NODE tasks per node: one task per GPU, so ask for --ntasks-per-node=$gpus or --gpus-per-node=$BENCH_TASKS_PER_NODE"
+      bench_die "$gpus GPUs per node but only $BENCH_TASKS_PER_NODE task(s) per node: one task per GPU, so ask for --ntasks-per-node=$gpus or --gpus-per-node=$BENCH_TASKS_PER_NODE"
     fi
   fi
 }

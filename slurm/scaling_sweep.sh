@@ -1,0 +1,141 @@
+#!/bin/bash
+# Weak- or strong-scaling sweep: one Slurm job per GPU count, all writing into one run folder,
+# results/<run name>/, each result named with its job id, plus sweep.tsv listing the points.
+#
+#   slurm/scaling_sweep.sh weak                 # 1, 2, 4, 8 GPUs, the script's per-GPU batch (256) at every point
+#   slurm/scaling_sweep.sh strong               # 1, 2, 4, 8 GPUs sharing one global batch (default 256 x fewest GPUs)
+#   SWEEP_GPUS="1 2 4 8 16" SWEEP_GPUS_PER_NODE=8 slurm/scaling_sweep.sh weak   # 16 GPUs = 2 nodes x 8
+#   slurm/scaling_sweep.sh strong slurm/lightning_ddp_resnet50.sbatch --precision bf16   # another script, extra args
+#   BENCH_DEVICE=cpu SWEEP_GPUS="1 2" SWEEP_WAIT=1 slurm/scaling_sweep.sh weak            # CPU processes (CI)
+#
+# Usage: slurm/scaling_sweep.sh weak|strong [SBATCH SCRIPT (default slurm/ddp_resnet50.sbatch)] [BENCHMARK ARGS...]
+# Settings (environment):
+#   SWEEP_GPUS             GPU counts (default "1 2 4 8"); on the CPU: processes
+#   SWEEP_GPUS_PER_NODE    GPUs per node of the partition (default 4, site-specific); a count above it runs on
+#                          count / SWEEP_GPUS_PER_NODE full nodes and must divide by it
+#   BENCH_GPU_REQUEST      gpus-per-node (default) or gres (sites without select/cons_tres: --gres=gpu:N)
+#   BENCH_BATCH_SIZE_PER_DEVICE (weak), BENCH_GLOBAL_BATCH_SIZE (strong), and every other BENCH_* setting of
+#                          slurm/common.sh, passed to the jobs through sbatch's environment
+#   BENCH_RUN_NAME         the run folder (default <weak|strong>-<script>-<UTC time>)
+#   SWEEP_WAIT=1           wait for every job, then print each point's status and fail unless all are ok
+#   sbatch's own SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_TIMELIMIT, ... choose the site's partition and account.
+set -euo pipefail
+
+die() {
+  echo "scaling_sweep.sh: error: $*" >&2
+  exit 2
+}
+
+mode=${1:-}
+case "$mode" in
+  weak | strong) shift ;;
+  *) die "first argument: weak (fixed batch per device) or strong (fixed global batch), got '${mode}'" ;;
+esac
+script=slurm/ddp_resnet50.sbatch
+if [ $# -gt 0 ] && [[ $1 == *.sbatch ]]; then
+  script=$1
+  shift
+fi
+root=$(cd "$(dirname "$0")/.." && pwd)
+[ -r "$root/$script" ] || die "no sbatch script $root/$script"
+command -v sbatch >/dev/null 2>&1 || die "sbatch not found: run this on a Slurm login node"
+
+device=${BENCH_DEVICE:-cuda}
+read -r -a counts <<<"${SWEEP_GPUS:-1 2 4 8}"
+per_node=${SWEEP_GPUS_PER_NODE:-4}
+[[ $per_node =~ ^[1-9][0-9]*$ ]] || die "SWEEP_GPUS_PER_NODE=$per_node is not a positive integer"
+[ "${#counts[@]}" -gt 0 ] || die "SWEEP_GPUS is empty"
+smallest=
+for count in "${counts[@]}"; do
+  [[ $count =~ ^[1-9][0-9]*$ ]] || die "SWEEP_GPUS: '$count' is not a positive integer"
+  if (( count > per_node && count % per_node )); then
+    die "$count GPUs do not fill whole nodes of $per_node GPUs (SWEEP_GPUS_PER_NODE)"
+  fi
+  if [ -z "$smallest" ] || (( count < smallest )); then
+    smallest=$count
+  fi
+done
+
+if [ "$mode" = weak ]; then
+  [ -z "${BENCH_GLOBAL_BATCH_SIZE:-}" ] || die "weak scaling fixes the batch per device: unset BENCH_GLOBAL_BATCH_SIZE"
+  batch_note="batch per device ${BENCH_BATCH_SIZE_PER_DEVICE:-script default}"
+else
+  [ -z "${BENCH_BATCH_SIZE_PER_DEVICE:-}" ] || die "strong scaling fixes the global batch: set BENCH_GLOBAL_BATCH_SIZE, not BENCH_BATCH_SIZE_PER_DEVICE"
+  # Default: the smallest point runs at the benchmarks' default batch per device (256 on a GPU, 4 in the CPU
+  # mode of common.sh) and the larger ones split that global batch.
+  if [ -z "${BENCH_GLOBAL_BATCH_SIZE:-}" ]; then
+    BENCH_GLOBAL_BATCH_SIZE=$(( $([ "$device" = cpu ] && echo 4 || echo 256) * smallest ))
+  fi
+  [[ $BENCH_GLOBAL_BATCH_SIZE =~ ^[1-9][0-9]*$ ]] || die "BENCH_GLOBAL_BATCH_SIZE=$BENCH_GLOBAL_BATCH_SIZE is not a positive integer"
+  for count in "${counts[@]}"; do
+    (( BENCH_GLOBAL_BATCH_SIZE % count == 0 )) ||
+      die "the global batch $BENCH_GLOBAL_BATCH_SIZE does not divide over $count GPUs: choose BENCH_GLOBAL_BATCH_SIZE divisible by every count in SWEEP_GPUS"
+  done
+  export BENCH_GLOBAL_BATCH_SIZE
+  batch_note="global batch $BENCH_GLOBAL_BATCH_SIZE"
+fi
+
+name=$(basename "$script" .sbatch)
+export BENCH_ROOT=$root
+export BENCH_RESULTS_DIR=${BENCH_RESULTS_DIR:-$root/results}
+export BENCH_RUN_NAME=${BENCH_RUN_NAME:-$mode-$name-$(date -u +%Y%m%dT%H%M%SZ)}
+run_dir=$BENCH_RESULTS_DIR/$BENCH_RUN_NAME
+# Slurm does not create the folder of --output: the job logs go next to the results.
+mkdir -p "$run_dir"
+manifest=$run_dir/sweep.tsv
+[ -e "$manifest" ] || printf 'mode\tgpus\tnodes\ttasks_per_node\tjob_id\tscript\n' >"$manifest"
+
+echo "== $mode scaling of $name over ${counts[*]} $([ "$device" = cpu ] && echo CPU processes || echo GPUs), $batch_note -> $run_dir"
+job_ids=()
+for count in "${counts[@]}"; do
+  if (( count > per_node )); then
+    nodes=$(( count / per_node )) tasks=$per_node
+  else
+    nodes=1 tasks=$count
+  fi
+  options=(--parsable --job-name="$name-$mode-$count" --nodes="$nodes" --ntasks-per-node="$tasks"
+           --output="$run_dir/%x-%j.out")
+  if [ "$device" = cpu ]; then
+    # No GPU: override the script's GPU request; one core per process unless told otherwise.
+    options+=(--gpus-per-node=0 --cpus-per-task="${BENCH_CPUS_PER_TASK:-1}")
+  elif [ "${BENCH_GPU_REQUEST:-gpus-per-node}" = gres ]; then
+    options+=(--gres="gpu:$tasks")
+  else
+    options+=(--gpus-per-node="$tasks")
+  fi
+  job=$(cd "$root" && sbatch "${options[@]}" "$script" "$@")
+  job=${job%%;*}  # --parsable prints "id" or "id;cluster"
+  job_ids+=("$job")
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$count" "$nodes" "$tasks" "$job" "$script" >>"$manifest"
+  echo "   $count: $nodes node(s) x $tasks -> job $job"
+done
+
+if [ "${SWEEP_WAIT:-0}" != 1 ]; then
+  echo "== submitted; watch with: squeue --jobs=$(IFS=,; echo "${job_ids[*]}")"
+  exit 0
+fi
+
+# Without an accounting database sacct cannot say how a job ended, so wait until squeue no longer lists
+# the jobs and read the verdict from their result files instead.
+ids=$(IFS=,; echo "${job_ids[*]}")
+while [ -n "$(squeue --noheader --jobs="$ids" --format=%i 2>/dev/null || true)" ]; do
+  sleep "${SWEEP_POLL_S:-10}"
+done
+failed=0
+for job in "${job_ids[@]}"; do
+  found=0
+  # One result per job, or one per strategy for oss_benchmark.py (<output stem>-<strategy>.json).
+  for result in "$run_dir"/*-job"$job".json "$run_dir"/*-job"$job"-*.json; do
+    [ -e "$result" ] || continue  # a pattern that matched nothing stays as it is
+    found=1
+    # The top-level "status" (the files are written with a one-space indent).
+    status=$(sed -n 's/^ "status": "\([a-z]*\)".*/\1/p; T; q' "$result")
+    echo "   job $job: ${status:-unreadable} $result"
+    [ "$status" = ok ] || failed=1
+  done
+  if [ "$found" = 0 ]; then
+    echo "   job $job: no result file (see $run_dir/*-$job.out)"
+    failed=1
+  fi
+done
+exit "$failed"
