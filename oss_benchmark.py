@@ -1,0 +1,1668 @@
+"""Optimizer-state and gradient sharding benchmark: DDP, fairscale OSS/ShardedDDP, ZeRO-1, FSDP2, one workload.
+
+Every strategy trains the same randomly initialised torchvision model (default ResNet-50) on the same
+synthetic per-rank batches through the same harness as ddp_resnet50.py (warm-up excluded, CUDA-event step
+times, parameter check across ranks, one JSON result per strategy). After the timed steps each strategy runs
+an instrumented pass (per-phase times) and a profiled pass (collectives by kind, count and bytes), which go
+into the result under "analysis" next to the analytic communication volumes and memory expectations.
+
+Strategies (--strategy, a comma list, or all = every strategy the backend can run, one after another):
+    ddp              DistributedDataParallel + the plain optimizer (the baseline)
+    oss_ddp          DDP + fairscale.optim.OSS (optimizer state sharded, ZeRO-1 as fairscale does it)
+    oss_sharded_ddp  fairscale ShardedDataParallel + OSS (gradients reduced to their owner, ZeRO-2)
+    zero1            DDP + torch.distributed.optim.ZeroRedundancyOptimizer
+    zero1_overlap    the same, its step and broadcast run inside DDP's backward (ZeRO comm hook; NCCL only)
+    fsdp_zero2       FSDP2 fully_shard per block, reshard_after_forward=False
+    fsdp_zero3       FSDP2 fully_shard per block, reshard_after_forward=True
+
+Launch recipes (two ranks at least: sharding over one rank means nothing):
+
+    # every strategy on all GPUs of a node, SGD, then Adam (state 2x the parameters)
+    torchrun --standalone --nproc-per-node 2 oss_benchmark.py --output results/rn50-sgd.json
+    torchrun --standalone --nproc-per-node 2 oss_benchmark.py --optimizer adam --output results/rn50-adam.json
+    # fairscale's own benchmark conditions (resnet101, 28 px, 256/rank, fp32, RMSprop), synthetic data
+    torchrun --standalone --nproc-per-node 2 oss_benchmark.py --preset fairscale --output results/fairscale.json
+    # one strategy, Slurm, one task per GPU
+    srun --ntasks-per-node 4 --gpus-per-node 4 python oss_benchmark.py --strategy fsdp_zero2 --output fsdp.json
+    # CPU smoke run (gloo), as in CI
+    torchrun --standalone --nproc-per-node 2 oss_benchmark.py --device cpu --image-size 32 \\
+        --batch-size-per-device 4 --warmup-steps 2 --steps 4 --output /tmp/oss.json
+    # rebuild the comparison table from result files, no training
+    python oss_benchmark.py --table results/rn50-sgd-*.json
+
+With several strategies, --output x.json names the results x-<strategy>.json (printed before the run).
+Numbers: "Median throughput (img/s) (rank 0) +/- MAD" is the global batch over rank 0's median step time,
+with the median absolute deviation over the timed steps (fairscale's benchmark counts one rank's images
+over an epoch instead: divide by the world size to compare). Peak memory is torch.cuda.max_memory_allocated
+over the timed steps, the largest rank. Exit codes: 0 ok, 1 error, 2 bad input, 3 parameters out of sync,
+4 out of memory, 128+N interrupted by signal N; with several strategies the first non-zero one.
+"""
+
+import argparse
+import contextlib
+import datetime
+import gc
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchvision
+from torch.nn.parallel import DistributedDataParallel
+
+BENCHMARK = "oss_benchmark.py"
+NUM_CLASSES = 1000
+STRATEGIES = ("ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "zero1_overlap", "fsdp_zero2", "fsdp_zero3")
+FAIRSCALE_STRATEGIES = ("oss_ddp", "oss_sharded_ddp")
+# Strategies a backend refuses, with the reason in words.
+BACKEND_REFUSALS = {("gloo", "zero1_overlap"): "its ZeRO DDP comm hook refuses gloo, where it may hang "
+                                               "(pytorch/pytorch#62300): run it on GPUs (NCCL)"}
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+              "rmsprop": torch.optim.RMSprop}
+# Without --lr: SGD's rate from the harness would make Adam-like optimizers diverge within a few steps.
+DEFAULT_LR = {"sgd": 0.1, "adam": 1e-3, "adamw": 1e-3, "rmsprop": 1e-4}
+PRESETS = {
+    # fairscale benchmarks/oss.py as released: MNIST (28 px, grey repeated to 3 channels), 256 per rank, fp32,
+    # RMSprop(lr=1e-4, momentum=0.9), torchvision resnet101, NCHW. Synthetic data replaces MNIST here.
+    "fairscale": {"model": "resnet101", "image_size": 28, "batch_size_per_device": 256, "precision": "fp32",
+                  "optimizer": "rmsprop", "lr": 1e-4, "momentum": 0.9, "memory_format": "contiguous"},
+}
+COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
+PHASES = ("parameter_sync_before_forward", "forward", "backward", "optimizer_step", "parameter_sync")
+PHASE_NOTES = {
+    "ddp": "forward includes DDP's broadcast of the module buffers from rank 0; backward includes the bucketed "
+           "gradient all-reduce, overlapped with the backward computation",
+    "oss_ddp": "as ddp for forward and backward; optimizer_step updates this rank's shard only; parameter_sync is "
+               "OSS broadcasting every rank's updated shard after a device synchronize, not overlapped",
+    "oss_sharded_ddp": "forward includes ShardedDDP's blocking broadcast of every buffer one by one; backward "
+                       "includes reducing each gradient to its owner (the small bucketed ones when backward "
+                       "ends); optimizer_step and parameter_sync as oss_ddp",
+    "zero1": "as ddp for forward and backward; parameter_sync is ZeroRedundancyOptimizer broadcasting each rank's "
+             "parameter bucket",
+    "zero1_overlap": "backward includes the all-reduce, this rank's optimizer step and the parameter broadcasts, "
+                     "all run from DDP's comm hook; optimizer_step is empty",
+    "fsdp_zero2": "parameter_sync_before_forward is an explicit unshard (all-gather) of every FSDP unit, which the "
+                  "timed steps do inside forward; backward includes the gradient reduce-scatter",
+    "fsdp_zero3": "as fsdp_zero2, and backward also all-gathers every unit again (resharded after forward)",
+}
+
+
+# ============================================================================ harness
+# From here to "end of harness" the text is identical in ddp_resnet50.py,
+# lightning/ddp_resnet50.py and oss_benchmark.py (tests/test_harness_copies.py keeps it so).
+# Change it in one file, then run `python tools/sync_harness.py` to copy it to the others.
+
+SCHEMA_VERSION = 1
+DEFAULT_BATCH_GPU, DEFAULT_BATCH_CPU = 256, 8
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DESYNC, EXIT_OOM = 0, 1, 2, 3, 4
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Dense tensor-core peaks in TFLOP/s from the vendors' datasheets, for the hardware-efficiency figure.
+PEAK_TFLOPS = {
+    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
+}
+
+
+class UsageError(Exception):
+    """Bad input: one line naming the broken rule, exit code 2, nothing written."""
+
+
+class LaunchError(UsageError):
+    """Bad launcher or Slurm variables: they may differ between ranks, so every rank says what it saw."""
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def positive_int(text):
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_float(text):
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def add_harness_arguments(parser):
+    batch = parser.add_mutually_exclusive_group()
+    batch.add_argument("--batch-size-per-device", type=positive_int,
+                       help=f"weak scaling: images per device (default {DEFAULT_BATCH_GPU} on GPU, "
+                            f"{DEFAULT_BATCH_CPU} on CPU)")
+    batch.add_argument("--global-batch-size", type=positive_int,
+                       help="strong scaling: images per step over all devices; must divide by the world size")
+    parser.add_argument("--warmup-steps", type=positive_int, default=10, help="untimed steps first (default 10)")
+    parser.add_argument("--steps", type=positive_int, default=50, help="timed steps (default 50)")
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                        help="auto: bf16 where the GPU supports it, else fp16; fp32 on the CPU. "
+                             "fp32 uses TF32 tensor cores on GPUs that have them")
+    parser.add_argument("--memory-format", choices=["auto", "channels_last", "contiguous"], default="auto",
+                        help="auto: channels_last on GPU, contiguous on CPU")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune",
+                                                   "max-autotune-no-cudagraphs"],
+                        help="torch.compile mode (implies --compile)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cuda (NCCL) or cpu (gloo, the smoke-test path); default cuda")
+    parser.add_argument("--image-size", type=positive_int, default=224, help="square input size (default 224)")
+    parser.add_argument("--lr", type=positive_float, default=0.1, help="learning rate (default 0.1)")
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    parser.add_argument("--seed", type=int, default=0, help="weights seed; rank r's data uses seed + 1 + r")
+    parser.add_argument("--output", help="result JSON path (default runs/<script>-<strategy>-<world>-<time>.json)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    parser.add_argument("--timeout", type=positive_int, default=300,
+                        help="seconds a collective may wait for the other ranks before the run fails (default 300)")
+    # Test hooks: make one rank fail on purpose (desync, oom, crash) to prove the failure paths.
+    parser.add_argument("--inject-fault", choices=["desync", "oom", "crash"], help=argparse.SUPPRESS)
+    parser.add_argument("--inject-fault-rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--inject-fault-step", type=int, default=1, help=argparse.SUPPRESS)
+
+
+def add_ddp_arguments(parser, cuda_graphs):
+    parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+                        help="let gradients alias DDP's buckets (saves a copy and memory)")
+    parser.add_argument("--static-graph", action="store_true", help="tell DDP the graph never changes")
+    parser.add_argument("--compiled-ddp", choices=["ddp_optimizer", "python_reducer", "no_optimization"],
+                        help="how torch.compile treats DDP (torch._dynamo.config.optimize_ddp): split the graph at "
+                             "bucket boundaries (PyTorch's default), trace the reducer with compiled autograd, or "
+                             "one graph with all-reduce after backward")
+    if cuda_graphs:
+        parser.add_argument("--cuda-graphs", action="store_true",
+                            help="capture the whole training step (forward, backward with DDP's all-reduce, "
+                                 "optimizer step) in one CUDA graph after the eager warm-up, and replay it")
+
+
+def resolve_ddp_options(args, config, world_size):
+    """DDP, compiled-DDP and CUDA-graph options, checked like the rest before any GPU work."""
+    if args.compiled_ddp and not config["compile"]:
+        raise UsageError("--compiled-ddp needs --compile or --compile-mode")
+    cuda_graphs = bool(getattr(args, "cuda_graphs", False))
+    config.update(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph,
+                  gradient_as_bucket_view=args.gradient_as_bucket_view, compiled_ddp=args.compiled_ddp,
+                  cuda_graphs=cuda_graphs)
+    if cuda_graphs:
+        if config["device"] != "cuda":
+            raise UsageError("--cuda-graphs needs --device cuda")
+        if config["compile_mode"] in ("reduce-overhead", "max-autotune"):
+            raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
+                             f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
+        needed = 12 if world_size > 1 else 2
+        if config["warmup_steps"] < needed:
+            raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
+                             + (", after the 11 eager DDP steps that DDP needs first" if world_size > 1 else ""))
+    if args.compiled_ddp:
+        torch._dynamo.config.optimize_ddp = args.compiled_ddp
+        torch._dynamo.config.compiled_autograd = args.compiled_ddp == "python_reducer"
+
+
+def parse_slurm_tasks_per_node(text):
+    """'4(x2),3' -> [4, 4, 3] (the format of SLURM_STEP_TASKS_PER_NODE)."""
+    counts = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not match:
+            raise LaunchError(f"cannot read Slurm's tasks per node {text!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def first_slurm_host(nodelist):
+    """First host of a Slurm node list: 'gpu[007-009,012],cpu1' -> 'gpu007'."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise LaunchError(f"cannot read Slurm's node list {nodelist!r}")
+    prefix, ranges = match.groups()
+    return prefix + (ranges.split(",")[0].split("-")[0] if ranges else "")
+
+
+def detect_launch(env):
+    """Rank layout from torchrun's variables, else Slurm's (srun), else one process."""
+    def integer(name):
+        try:
+            return int(env[name])
+        except ValueError:
+            raise LaunchError(f"{name}={env[name]!r} is not an integer") from None
+
+    launch = {"slurm_job_id": env.get("SLURM_JOB_ID")}
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank, world = integer("RANK"), integer("WORLD_SIZE")
+        local_rank = integer("LOCAL_RANK") if "LOCAL_RANK" in env else rank
+        local_world = integer("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world
+        if not (0 <= rank < world and 0 <= local_rank < local_world <= world) or world % local_world:
+            raise LaunchError(f"inconsistent launcher variables: RANK={rank} WORLD_SIZE={world} "
+                             f"LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}")
+        launch.update(launcher="torchrun" if "TORCHELASTIC_RUN_ID" in env else "env", rank=rank,
+                      world_size=world, local_rank=local_rank, local_world_size=local_world,
+                      num_nodes=world // local_world, master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                      master_port=integer("MASTER_PORT") if "MASTER_PORT" in env else 29500)
+    elif "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:  # inside srun
+        rank, world, local_rank = integer("SLURM_PROCID"), integer("SLURM_STEP_NUM_TASKS"), integer("SLURM_LOCALID")
+        node, nodes = integer("SLURM_NODEID"), integer("SLURM_STEP_NUM_NODES")
+        per_node = parse_slurm_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE", str(world)))
+        if "SLURM_NTASKS" in env and integer("SLURM_NTASKS") < world:
+            raise LaunchError(f"Slurm step has {world} tasks but the job only SLURM_NTASKS={env['SLURM_NTASKS']}")
+        if len(per_node) != nodes or sum(per_node) != world:
+            raise LaunchError(f"Slurm variables disagree: {nodes} nodes with tasks {per_node} "
+                             f"but {world} tasks in the step")
+        if not (0 <= rank < world and 0 <= node < nodes and 0 <= local_rank < per_node[node]):
+            raise LaunchError(f"Slurm variables disagree: SLURM_PROCID={rank} SLURM_LOCALID={local_rank} "
+                             f"SLURM_NODEID={node} for {world} tasks on {nodes} nodes {per_node}")
+        if "SLURM_NTASKS_PER_NODE" in env and len(set(per_node)) == 1 \
+                and parse_slurm_tasks_per_node(env["SLURM_NTASKS_PER_NODE"])[0] != per_node[0]:
+            raise LaunchError(f"Slurm variables disagree: SLURM_NTASKS_PER_NODE={env['SLURM_NTASKS_PER_NODE']} "
+                             f"but the step runs {per_node[0]} tasks per node")
+        job = integer("SLURM_JOB_ID") if "SLURM_JOB_ID" in env else 0
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+        launch.update(launcher="slurm", rank=rank, world_size=world, local_rank=local_rank,
+                      local_world_size=per_node[node], num_nodes=nodes,
+                      master_addr=env.get("MASTER_ADDR") or first_slurm_host(nodelist),
+                      master_port=integer("MASTER_PORT") if "MASTER_PORT" in env else 15000 + job % 20000)
+        if "SLURM_GPUS_ON_NODE" in env and integer("SLURM_GPUS_ON_NODE") < per_node[node]:
+            launch["gpus_on_node"] = integer("SLURM_GPUS_ON_NODE")
+    else:
+        launch.update(launcher="single", rank=0, world_size=1, local_rank=0, local_world_size=1, num_nodes=1,
+                      master_addr="127.0.0.1", master_port=0)
+    return launch
+
+
+def resolve_precision(requested, device_type, bf16_supported):
+    if device_type == "cpu":
+        if requested == "fp16":
+            raise UsageError("--precision fp16 needs a GPU: use fp32 or bf16 on the CPU")
+        return "fp32" if requested == "auto" else requested
+    if requested == "bf16" and not bf16_supported:
+        raise UsageError("--precision bf16 is not supported by this GPU: use fp16 or fp32")
+    if requested == "auto":
+        return "bf16" if bf16_supported else "fp16"
+    return requested
+
+
+def resolve_batch(args, world_size, device_type):
+    if args.global_batch_size is not None:
+        if args.global_batch_size % world_size:
+            raise UsageError(f"--global-batch-size {args.global_batch_size} is not divisible by the "
+                             f"world size {world_size}")
+        return "global", args.global_batch_size // world_size, args.global_batch_size
+    per_device = args.batch_size_per_device or (DEFAULT_BATCH_GPU if device_type == "cuda" else DEFAULT_BATCH_CPU)
+    return "per_device", per_device, per_device * world_size
+
+
+def resolve_harness_config(args, launch, strategy, cuda_available, device_count, bf16_supported):
+    """Every rule that needs no process group or GPU work; raises UsageError."""
+    device_type = args.device
+    if device_type == "cuda":
+        if not cuda_available or device_count == 0:
+            raise UsageError("--device cuda needs a CUDA GPU and none is visible (use --device cpu for a CPU run)")
+        if launch["launcher"] != "slurm" and launch["local_world_size"] > device_count:
+            raise UsageError(f"{launch['local_world_size']} ranks on this node but only {device_count} GPUs visible: "
+                             f"one rank per GPU")
+        if "gpus_on_node" in launch:
+            raise UsageError(f"{launch['local_world_size']} Slurm tasks on this node but only "
+                             f"{launch['gpus_on_node']} GPUs allocated (SLURM_GPUS_ON_NODE): one task per GPU")
+    if args.momentum < 0:
+        raise UsageError(f"--momentum must not be negative, got {args.momentum}")
+    if args.inject_fault and not 0 <= args.inject_fault_rank < launch["world_size"]:
+        raise UsageError(f"--inject-fault-rank {args.inject_fault_rank} is not a rank of {launch['world_size']}")
+    precision = resolve_precision(args.precision, device_type, bf16_supported)
+    batch_mode, per_device, global_batch = resolve_batch(args, launch["world_size"], device_type)
+    memory_format = args.memory_format
+    if memory_format == "auto":
+        memory_format = "channels_last" if device_type == "cuda" else "contiguous"
+    compile_mode = args.compile_mode or ("default" if args.compile else None)
+    output = args.output or os.path.join("runs", f"{os.path.splitext(os.path.basename(BENCHMARK))[0]}-{strategy}-"
+                                                 f"{launch['world_size']}{device_type}-{precision}-"
+                                                 f"{launch.get('slurm_job_id') or os.getpid()}.json")
+    check_output_path(output, args.overwrite)
+    return {
+        "benchmark": BENCHMARK, "strategy": strategy, "device": device_type,
+        "backend": "nccl" if device_type == "cuda" else "gloo",
+        "image_size": args.image_size, "num_classes": NUM_CLASSES,
+        "batch_mode": batch_mode, "batch_size_per_device": per_device, "global_batch_size": global_batch,
+        "warmup_steps": args.warmup_steps, "steps": args.steps,
+        "precision_requested": args.precision, "precision": precision,
+        "grad_scaler": precision == "fp16", "tf32": device_type == "cuda",
+        "memory_format_requested": args.memory_format, "memory_format": memory_format,
+        "compile": compile_mode is not None, "compile_mode": compile_mode,
+        "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
+        "cudnn_benchmark": device_type == "cuda", "timeout_s": args.timeout,
+        "output": os.path.abspath(output), "overwrite": args.overwrite,
+        "inject_fault": args.inject_fault, "inject_fault_rank": args.inject_fault_rank,
+        "inject_fault_step": args.inject_fault_step,
+    }
+
+
+def check_output_path(path, overwrite):
+    if os.path.isdir(path):
+        raise UsageError(f"--output {path} is a directory, not a file path")
+    if os.path.exists(path) and not overwrite:
+        raise UsageError(f"--output {path} exists: pass --overwrite to replace it")
+    parent = os.path.dirname(os.path.abspath(path))
+    existing = parent
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--output directory {parent} cannot be written ({existing} is not a writable directory)")
+
+
+def median(values):
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def percentile(values, q):
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(values):
+    if not values:
+        return None
+    centre = median(values)
+    return {"count": len(values), "mean": sum(values) / len(values), "median": centre,
+            "p90": percentile(values, 90), "p99": percentile(values, 99), "min": min(values), "max": max(values),
+            "mad": median([abs(v - centre) for v in values])}
+
+
+def mib(num_bytes):
+    return round(num_bytes / 2**20, 1)
+
+
+def package_version(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def collect_software():
+    nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "torch_git": torch.version.git_version, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+            "torchvision": torchvision.__version__, "lightning": package_version("lightning"),
+            "fairscale": package_version("fairscale")}
+
+
+def collect_local_hardware(device, rank):
+    info = {"rank": rank, "hostname": socket.gethostname(), "device": str(device)}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu_name=props.name, gpu_memory_mib=mib(props.total_memory), gpu_uuid=str(props.uuid),
+                    compute_capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count)
+    return info
+
+
+def collect_host_hardware(device_type):
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as cpuinfo:
+            cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), cpu)
+    host = {"cpu": cpu, "cpu_count": os.cpu_count(), "interconnect": None}
+    if device_type == "cuda":  # the GPU link matrix (NVLink NV#, PCIe PIX/PHB/SYS), where nvidia-smi answers
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
+            if topo.returncode == 0:
+                host["interconnect"] = [re.sub(r"\x1b\[[0-9;]*m", "", line).rstrip()
+                                        for line in topo.stdout.splitlines() if line.strip()]
+    return host
+
+
+def collect_git():
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(["git", "-C", here, "rev-parse", "--verify", "-q", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        status = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+        if head.returncode == 0 and status.returncode == 0:
+            return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    # A copy without .git (a cluster, the device machine): the launcher may say what it was.
+    dirty = os.environ.get("BENCH_GIT_DIRTY")
+    return {"commit": os.environ.get("BENCH_GIT_COMMIT"), "dirty": None if dirty is None else dirty == "1"}
+
+
+def model_flops_per_image(build_model, image_size):
+    """Training FLOPs (forward + backward) of one image, counted from the model's own operators."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with torch.device("meta"):
+        model = build_model()
+        images = torch.empty(2, 3, image_size, image_size)
+    with FlopCounterMode(display=False) as counter:
+        model(images).float().sum().backward()
+    return counter.get_total_flops() / 2
+
+
+def peak_tflops(gpu_name, precision):
+    for key, table in PEAK_TFLOPS.items():
+        if gpu_name and key in gpu_name:
+            return table[precision]
+    return None
+
+
+def write_json_atomically(path, payload):
+    """Temporary file in the target directory, fsync, rename: readers see no file or the whole file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(handle, "w") as stream:
+            json.dump(payload, stream, indent=1, allow_nan=False)
+            stream.write("\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+class StepTimer:
+    """Marks between steps: CUDA events on the GPU (no host sync), the host clock on the CPU."""
+
+    def __init__(self, device, capacity):
+        self.cuda = device.type == "cuda"
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(capacity + 1)] if self.cuda else []
+        self.host_marks = []
+        self.count = 0
+
+    def mark(self):
+        if self.cuda:
+            self.events[self.count].record()
+        else:
+            self.host_marks.append(time.perf_counter())
+        self.count += 1
+
+    def step_times_ms(self):
+        """Call after a device synchronize."""
+        if self.cuda:
+            return [self.events[i].elapsed_time(self.events[i + 1]) for i in range(self.count - 1)]
+        return [(b - a) * 1e3 for a, b in zip(self.host_marks, self.host_marks[1:])]
+
+
+class StopRequest:
+    """SIGTERM/SIGINT (Slurm's time limit, scancel, Ctrl-C) ask every rank to stop after the current step.
+
+    Ranks receive the signal at slightly different steps, so they agree through a tiny host-side
+    all-reduce on a gloo group after each step; that costs no device synchronisation and also notices
+    a dead peer within one step. A second Ctrl-C interrupts at once.
+    """
+
+    def __init__(self):
+        self.signum = 0
+        self.previous = {}
+
+    def install(self):
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self.previous[signum] = signal.signal(signum, self.handle)
+
+    def handle(self, signum, frame):
+        if self.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def agreed(self, group, world_size):
+        if world_size == 1:
+            return self.signum
+        flag = torch.tensor([self.signum], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return int(flag.item())
+
+
+def is_out_of_memory(error):
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def inject_fault(config, rank, step, kind, model=None):
+    """Test hook: fail on purpose on one rank at one step (--inject-fault)."""
+    if config["inject_fault"] != kind or rank != config["inject_fault_rank"]:
+        return
+    if kind == "desync" and model is not None:
+        with torch.no_grad():
+            next(model.parameters()).add_(1e-3)
+    elif kind == "oom" and step == config["inject_fault_step"]:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected by --inject-fault oom)")
+    elif kind == "crash" and step == config["inject_fault_step"]:
+        os._exit(EXIT_ERROR)
+
+
+def parameter_checksums(parameters):
+    """Per tensor: float64 sum and sum of squares. Equal on every rank when replicas agree."""
+    rows = [torch.stack([p.detach().double().sum(), p.detach().double().pow(2).sum()]) for p in parameters]
+    return torch.stack(rows).cpu()
+
+
+def compare_checksums(per_rank):
+    reference = per_rank[0]
+    largest = max(float((checksums - reference).abs().max()) for checksums in per_rank)
+    scale = float(reference.abs().max())
+    return largest <= 1e-9 * max(1.0, scale), largest
+
+
+def failure_from_peers(store, rank, world_size, wait_s=3.0):
+    """A failing rank leaves its reason in the store; a surviving rank names the first it finds."""
+    if store is None:
+        return None
+    deadline = time.monotonic() + wait_s
+    keys = [f"bench/failure/{r}" for r in range(world_size) if r != rank]
+    while True:
+        for key in keys:
+            with contextlib.suppress(Exception):
+                if store.check([key]):
+                    return json.loads(store.get(key).decode())
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+
+
+def record_failure(store, rank, failure):
+    if store is not None:
+        with contextlib.suppress(Exception):
+            store.set(f"bench/failure/{rank}", json.dumps(failure))
+
+
+def base_result(config, launch, started_at):
+    return {"schema_version": SCHEMA_VERSION, "benchmark": config["benchmark"], "strategy": config["strategy"],
+            "status": "error", "config": config,
+            "world": {"world_size": launch["world_size"], "num_nodes": launch["num_nodes"],
+                      "devices_per_node": launch["local_world_size"], "launcher": launch["launcher"],
+                      "backend": config["backend"], "slurm_job_id": launch.get("slurm_job_id"),
+                      "master_addr": launch["master_addr"], "master_port": launch["master_port"]},
+            "throughput": None, "step_time_ms": None, "step_times_ms_per_rank": None, "loss_per_step": None,
+            "memory": None, "checks": None, "efficiency": None, "failure": None,
+            "software": collect_software(), "hardware": None, "git": collect_git(),
+            "started_at": started_at.strftime("%Y-%m-%dT%H:%M:%SZ"), "wall_time_s": None}
+
+
+def complete_result(result, per_rank, global_batch, flops_per_image):
+    """Fill throughput, step statistics, memory, checks and efficiency from every rank's record."""
+    rank0 = per_rank[0]
+    steps_done = min(len(r["step_times_ms"]) for r in per_rank)
+    pooled = [t for r in per_rank for t in r["step_times_ms"]]
+    wall = max(r["timed_wall_s"] for r in per_rank)
+    images_per_second = global_batch * steps_done / wall if steps_done and wall > 0 else None
+    rank0_summary = summarize([global_batch / (t / 1e3) for t in rank0["step_times_ms"] if t > 0])
+    world_size = len(per_rank)
+    result["throughput"] = None if images_per_second is None or rank0_summary is None else {
+        "images_per_second": images_per_second, "images_per_second_per_device": images_per_second / world_size,
+        "rank0_median_images_per_second": rank0_summary["median"], "rank0_mad_images_per_second": rank0_summary["mad"],
+        "timed_steps": steps_done, "timed_wall_s": wall}
+    result["step_time_ms"] = summarize(pooled)
+    result["step_times_ms_per_rank"] = [r["step_times_ms"] for r in per_rank]
+    result["loss_per_step"] = rank0["losses"]
+    result["hardware"] = {"ranks": [r["hardware"] for r in per_rank], "device_count": world_size,
+                          "hostnames": sorted({r["hardware"]["hostname"] for r in per_rank}), **rank0["host"]}
+    allocated = [r["peak_allocated_mib"] for r in per_rank]
+    reserved = [r["peak_reserved_mib"] for r in per_rank]
+    result["memory"] = {"peak_allocated_mib": None if None in allocated else max(allocated),
+                        "peak_reserved_mib": None if None in reserved else max(reserved),
+                        "per_rank": [{"rank": r["rank"], "peak_allocated_mib": r["peak_allocated_mib"],
+                                      "peak_reserved_mib": r["peak_reserved_mib"]} for r in per_rank]}
+    gpu = rank0["hardware"].get("gpu_name")
+    peak = peak_tflops(gpu, result["config"]["precision"])
+    achieved = flops_per_image * images_per_second / 1e12 if images_per_second else None
+    result["efficiency"] = {"model_flops_per_image": flops_per_image, "achieved_tflops": achieved,
+                            "peak_tflops_per_device": peak,
+                            "mfu": achieved / (peak * world_size) if achieved and peak else None}
+    ratios = [sum(r["step_times_ms"]) / 1e3 / r["timed_wall_s"] for r in per_rank
+              if r["timed_wall_s"] > 0 and r["step_times_ms"]]
+    losses = [v for r in per_rank for v in r["losses"]]
+    return {"loss_finite": all(math.isfinite(v) for v in losses),
+            "final_loss": rank0["losses"][-1] if rank0["losses"] else None,
+            "event_time_over_wall": ratios, "timing_consistent": all(0.95 <= q <= 1.02 for q in ratios),
+            "steps_run_per_rank": [r["steps_run"] for r in per_rank]}
+
+
+def print_environment(result, config):
+    software, world = result["software"], result["world"]
+    print(f"== {config['benchmark']} | strategy {config['strategy']} | {world['world_size']} x {config['device']} "
+          f"on {world['num_nodes']} node(s) | launcher {world['launcher']} | backend {world['backend']}")
+    print(f"   torch {software['torch']} (git {software['torch_git'][:10]}) | CUDA {software['cuda']} | "
+          f"cuDNN {software['cudnn']} | NCCL {software['nccl']} | torchvision {software['torchvision']} | "
+          f"lightning {software['lightning']} | fairscale {software['fairscale']}")
+    print(f"   batch {config['batch_size_per_device']}/device ({config['batch_mode']}, global "
+          f"{config['global_batch_size']}) | {config['image_size']} px | precision {config['precision']} "
+          f"(asked {config['precision_requested']}) | {config['memory_format']} | compile {config['compile_mode']} | "
+          f"warm-up {config['warmup_steps']} + {config['steps']} timed steps", flush=True)
+
+
+def print_summary_table(result):
+    config, throughput, steps, memory = result["config"], result["throughput"], result["step_time_ms"], result["memory"]
+    mfu, peak = (result["efficiency"] or {}).get("mfu"), memory["peak_allocated_mib"]
+    print("\n| strategy | devices | precision | batch/device | img/s | img/s/device | median step ms | p90 ms | "
+          "MAD ms | peak alloc MiB | MFU | status |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| {config['strategy']} | {result['world']['world_size']} | {config['precision']} | "
+          f"{config['batch_size_per_device']} | {throughput['images_per_second']:,.0f} | "
+          f"{throughput['images_per_second_per_device']:,.0f} | {steps['median']:.2f} | {steps['p90']:.2f} | "
+          f"{steps['mad']:.2f} | {'-' if peak is None else f'{peak:,.0f}'} | "
+          f"{'-' if mfu is None else f'{mfu:.1%}'} | {result['status']} |", flush=True)
+
+
+def exit_code_for(status, signum=0):
+    return {"ok": EXIT_OK, "desync": EXIT_DESYNC, "oom": EXIT_OOM, "interrupted": 128 + signum}.get(status, EXIT_ERROR)
+
+
+def run_guarded(main):
+    """Bad input: one line and exit 2. Anything else main() did not handle: one line per rank, exit 1."""
+    try:
+        sys.exit(main())
+    except UsageError as error:
+        if dist.is_available() and dist.is_initialized():
+            rank = str(dist.get_rank())
+        else:
+            rank = os.environ.get("RANK") or (os.environ.get("SLURM_PROCID") if "SLURM_STEP_NUM_TASKS" in os.environ
+                                              else None) or "0"
+        if rank == "0" or isinstance(error, LaunchError):
+            prefix = "" if rank == "0" else f"[rank {rank}] "
+            print(f"{prefix}{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+
+def measure(step, config, device, rank, world_size, monitor, stop):
+    """Warm-up, then timed steps. Returns this rank's record; a stop request ends the loop early."""
+    timer = StepTimer(device, config["steps"])
+    losses, record = [], {"rank": rank, "steps_run": 0, "signal": 0}
+    progress_every = max(1, config["steps"] // 5)
+
+    def run_steps(count, timed):
+        for index in range(count):
+            inject_fault(config, rank, record["steps_run"] + 1, "oom")
+            inject_fault(config, rank, record["steps_run"] + 1, "crash")
+            losses.append(step())  # a device tensor: reading it now would sync the host
+            record["steps_run"] += 1
+            if timed:
+                timer.mark()
+            if rank == 0 and (not timed or index == 0 or (index + 1) % progress_every == 0 or index + 1 == count):
+                print(f"  {'measuring' if timed else 'warm-up'} step {index + 1}/{count} (queued)", flush=True)
+            record["signal"] = stop.agreed(monitor, world_size)
+            if record["signal"]:
+                return False
+        return True
+
+    started = None
+    if run_steps(config["warmup_steps"], timed=False):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        if world_size > 1:
+            dist.barrier(group=monitor)
+        started = time.perf_counter()
+        timer.mark()
+        run_steps(config["steps"], timed=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    record["timed_wall_s"] = time.perf_counter() - started if started is not None else 0.0
+    record["step_times_ms"] = timer.step_times_ms()
+    record["losses"] = [float(v) for v in torch.stack(losses).float().cpu()] if losses else []
+    cuda = device.type == "cuda"
+    record["peak_allocated_mib"] = mib(torch.cuda.max_memory_allocated(device)) if cuda else None
+    record["peak_reserved_mib"] = mib(torch.cuda.max_memory_reserved(device)) if cuda else None
+    return record
+
+
+def make_synthetic_batch(config, rank, device):
+    """A distinct batch per rank, made once on the device and reused every step."""
+    generator = torch.Generator(device=device).manual_seed(config["seed"] + 1 + rank)
+    size = config["image_size"]
+    images = torch.randn(config["batch_size_per_device"], 3, size, size, generator=generator, device=device)
+    labels = torch.randint(0, NUM_CLASSES, (config["batch_size_per_device"],), generator=generator, device=device)
+    if config["memory_format"] == "channels_last":
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images, labels
+
+
+def setup_device(config, launch, device_count):
+    """Pick and configure this rank's device before any process group exists."""
+    if config["device"] == "cuda":
+        device = torch.device("cuda", launch["local_rank"] % device_count)  # Slurm may bind one GPU per task
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        return device
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch["local_world_size"]))
+    config["cpu_threads_per_rank"] = torch.get_num_threads()
+    return torch.device("cpu")
+
+
+def init_distributed(config, launch, device):
+    """The process group (NCCL or gloo) plus a gloo group for host-side agreement. Returns (store, monitor)."""
+    if launch["world_size"] == 1:
+        return None, None
+    timeout = datetime.timedelta(seconds=config["timeout_s"])
+    # torchrun's workers join the agent's store (env://); srun and hand-set variables need an address.
+    init_method = "env://" if launch["launcher"] == "torchrun" else \
+        f"tcp://{launch['master_addr']}:{launch['master_port']}"
+    dist.init_process_group(config["backend"], init_method=init_method, rank=launch["rank"],
+                            world_size=launch["world_size"], timeout=timeout,
+                            device_id=device if device.type == "cuda" else None)
+    return dist.distributed_c10d._get_default_store(), dist.new_group(backend="gloo", timeout=timeout)
+
+
+def finish_run(result, record, monitor, build_model, wall_start):
+    """Gather every rank's record, decide the status, write the result on rank 0; returns the exit code."""
+    world_size, rank = result["world"]["world_size"], record["rank"]
+    record["host"] = collect_host_hardware(result["config"]["device"]) if rank == 0 else None
+    records = gather_to_all(record, monitor, world_size)
+    signum = record["signal"]
+    if rank != 0:
+        return exit_code_for("interrupted" if signum else "ok", signum)
+    checks = complete_result(result, records, result["config"]["global_batch_size"],
+                             model_flops_per_image(build_model, result["config"]["image_size"]))
+    synced, largest = compare_checksums([r["checksums"] for r in records])
+    checks.update(parameters_synchronized=synced, parameter_max_abs_diff=largest,
+                  final_parameter_checksum=[float(v) for v in records[0]["checksums"].sum(0)])
+    result["checks"] = checks
+    timed = result["throughput"]["timed_steps"] if result["throughput"] else 0
+    expected = result["config"]["warmup_steps"] + result["config"]["steps"]
+    if signum:
+        name = signal.Signals(signum).name
+        result.update(status="interrupted", failure={"kind": "interrupted", "rank": None, "signal": name,
+                                                     "message": f"stopped by {name} after {timed} timed steps"})
+    elif any(r["steps_run"] != expected for r in records):
+        result.update(status="error", failure={"kind": "error", "rank": None,
+                                               "message": f"ranks ran {checks['steps_run_per_rank']} steps, "
+                                                          f"expected {expected} each"})
+    elif not synced:
+        result.update(status="desync", failure={"kind": "desync", "rank": None,
+                                                "message": f"parameters differ across ranks by up to {largest:.3g}"})
+    elif not checks["loss_finite"]:
+        result.update(status="desync", failure={"kind": "desync", "rank": None, "message": "the loss is not finite"})
+    else:
+        result["status"] = "ok"
+    result["wall_time_s"] = time.perf_counter() - wall_start
+    write_json_atomically(result["config"]["output"], result)
+    if result["throughput"]:
+        print_summary_table(result)
+    print(f"result: {result['status']} -> {result['config']['output']}", flush=True)
+    if result["failure"]:
+        print(f"{result['benchmark']}: {result['status']}: {result['failure']['message']}", file=sys.stderr,
+              flush=True)
+    return exit_code_for(result["status"], signum)
+
+
+def check_rank_agreement(config, hardware, monitor, world_size):
+    """Ranks must agree on the resolved precision (auto assumes identical GPUs) and own distinct GPUs."""
+    if world_size == 1:
+        return
+    mine = {"precision": config["precision"], "gpu": hardware.get("gpu_uuid"), "host": hardware["hostname"]}
+    everyone = gather_to_all(mine, monitor, world_size)
+    precisions = sorted({entry["precision"] for entry in everyone})
+    if len(precisions) > 1:
+        raise UsageError(f"ranks resolved different precisions {precisions}: pass an explicit --precision")
+    gpus = [(entry["host"], entry["gpu"]) for entry in everyone if entry["gpu"]]
+    if len(set(gpus)) < len(gpus):
+        raise UsageError("two ranks share one GPU: more ranks on a node than GPUs (one rank per GPU)")
+
+
+def gather_to_all(obj, group, world_size):
+    if world_size == 1:
+        return [obj]
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, obj, group=group)
+    return gathered
+
+
+def fail(error, result, rank, world_size, store, device, wall_start):
+    """Write what is known and exit non-zero; never wait on a collective that may never finish."""
+    if isinstance(error, UsageError):
+        raise error
+    kind = "interrupted" if isinstance(error, KeyboardInterrupt) else "oom" if is_out_of_memory(error) else "error"
+    message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    own = {"kind": kind, "rank": rank, "message": message}
+    if kind == "oom":
+        own["batch_size_per_device"] = result["config"]["batch_size_per_device"]
+        if device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            own.update(device_free_mib=mib(free), device_total_mib=mib(total),
+                       allocated_mib=mib(torch.cuda.memory_allocated(device)),
+                       peak_allocated_mib=mib(torch.cuda.max_memory_allocated(device)))
+    record_failure(store, rank, own)
+    if rank != 0:
+        print(f"[rank {rank}] {kind}: {message}", file=sys.stderr, flush=True)
+        os._exit(exit_code_for(kind, signal.SIGINT))
+    # A peer's recorded failure explains a broken collective better than the broken collective does.
+    peer = failure_from_peers(store, rank, world_size) if world_size > 1 and kind == "error" else None
+    failure = peer or own
+    result.update(status=failure["kind"], failure=failure, wall_time_s=time.perf_counter() - wall_start)
+    try:
+        write_json_atomically(result["config"]["output"], result)
+        where = result["config"]["output"]
+    except Exception as write_error:  # noqa: BLE001
+        where = f"no result written ({write_error})"
+    print(f"{BENCHMARK}: {failure['kind']} on rank {failure['rank']}: {failure['message']} -> {where}",
+          file=sys.stderr, flush=True)
+    os._exit(exit_code_for(failure["kind"], signal.SIGINT))
+
+# ============================================================================ end of harness
+
+
+def strategy_list(text):
+    """'all' or a comma list of known strategies, in the order given."""
+    names = list(STRATEGIES) if text == "all" else [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in STRATEGIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown strategy {', '.join(unknown) or repr(text)} "
+                                         f"(choose from {', '.join(STRATEGIES)}, all, or a comma list)")
+    if len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"strategy listed twice in {text!r}")
+    return names
+
+
+def non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or a positive integer, got {text}")
+    return value
+
+
+def build_parser():
+    parser = OneLineArgumentParser(description=__doc__.split("\n")[0],
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_harness_arguments(parser)
+    parser.add_argument("--strategy", type=strategy_list, default="all",
+                        help=f"one of {', '.join(STRATEGIES)}, a comma list, or all (those the backend can run)")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",
+                        help="its state size (SGD momentum 1x, RMSprop with momentum and Adam 2x the parameters) "
+                             "is what sharding saves")
+    parser.add_argument("--model", default="resnet50", help="any torchvision classification model")
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="fairscale: resnet101, 28 px, 256/device, fp32, RMSprop lr 1e-4 momentum 0.9, NCHW; "
+                             "options given explicitly override it (and are reported)")
+    parser.add_argument("--sharded-reduce-buffer", type=non_negative_int, default=2**23,
+                        help="ShardedDDP reduce_buffer_size in elements (fairscale's default; its docs advise 0 "
+                             "on a single node)")
+    parser.add_argument("--cudnn-deterministic", action="store_true",
+                        help="force deterministic cuDNN without autotuning, as fairscale's benchmark does")
+    parser.add_argument("--phase-steps", type=non_negative_int, default=10,
+                        help="steps of the instrumented pass that times forward/backward/step/sync (0: skip)")
+    parser.add_argument("--profile-steps", type=non_negative_int, default=2,
+                        help="steps of the profiled pass that counts collectives (0: skip)")
+    parser.add_argument("--trace-dir", help="also keep each rank's profiler trace (chrome JSON) here")
+    parser.add_argument("--table", nargs="+", metavar="RESULT_JSON",
+                        help="print the comparison table of these result files and exit (no training)")
+    return parser
+
+
+def parse_arguments(argv=None):
+    """The arguments, and the set of options given explicitly (a preset must not override those)."""
+    args = build_parser().parse_args(argv)
+    quiet = build_parser()
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+    return args, set(vars(quiet.parse_args(argv)))
+
+
+def apply_preset(args, explicit):
+    """Fill the preset's values into options not given explicitly. Returns the explicit overrides as
+    {option: {"preset": value, "given": value}}."""
+    overrides = {}
+    if args.preset is None:
+        return overrides
+    for name, value in PRESETS[args.preset].items():
+        given = "global_batch_size" if name == "batch_size_per_device" and "global_batch_size" in explicit else name
+        if given in explicit:
+            if getattr(args, given) != value:
+                overrides[given] = {"preset": value, "given": getattr(args, given)}
+        else:
+            setattr(args, name, value)
+    return overrides
+
+
+def resolve_strategies(args, explicit):
+    """The strategies to run, as notes for the user, or UsageError. Needs no process group."""
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    notes = []
+    strategies = args.strategy
+    refused = [name for name in strategies if (backend, name) in BACKEND_REFUSALS]
+    if refused and "strategy" in explicit and args.strategy != list(STRATEGIES):
+        raise UsageError(f"--strategy {refused[0]} cannot run on {backend} ({args.device}): "
+                         f"{BACKEND_REFUSALS[(backend, refused[0])]}")
+    for name in refused:
+        notes.append(f"--strategy all skips {name} on {backend}: {BACKEND_REFUSALS[(backend, name)]}")
+        strategies = [s for s in strategies if s != name]
+    wanted = [name for name in strategies if name in FAIRSCALE_STRATEGIES]
+    if wanted:
+        problem = fairscale_import_error()
+        if problem:
+            raise UsageError(f"--strategy {','.join(wanted)} needs fairscale, which cannot be imported ({problem}): "
+                             f"pip install '.[fairscale]' (fairscale==0.4.13)")
+    if "zero1_overlap" in strategies:
+        if args.precision == "fp16":
+            raise UsageError("zero1_overlap cannot use fp16: its optimizer step runs inside backward, where a "
+                             "GradScaler cannot unscale first; use bf16 or fp32")
+        if args.warmup_steps < 3:
+            raise UsageError(f"zero1_overlap needs --warmup-steps >= 3 (got {args.warmup_steps}): its first two "
+                             f"or three steps only learn DDP's buckets and update nothing")
+    if args.compile or args.compile_mode:
+        raise UsageError("--compile is not supported by oss_benchmark.py: the strategies' own hooks (fairscale, "
+                         "the ZeRO comm hook, the phase instrumentation) are measured eagerly; ddp_resnet50.py "
+                         "--compile measures compiled DDP")
+    if args.model not in torchvision.models.list_models(module=torchvision.models):
+        raise UsageError(f"--model {args.model} is not a torchvision classification model "
+                         f"(e.g. resnet50, resnet101, resnet18, convnext_tiny)")
+    return strategies, notes
+
+
+def fairscale_import_error():
+    try:
+        import fairscale.nn.data_parallel  # noqa: F401
+        import fairscale.optim  # noqa: F401
+    except Exception as error:  # noqa: BLE001 - an old fairscale may fail on a new torch with any error
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    return None
+
+
+def output_for(strategy, output, several):
+    if output is None or not several:
+        return output
+    stem, extension = os.path.splitext(output)
+    return f"{stem}-{strategy}{extension or '.json'}"
+
+
+def build_model(name):
+    return torchvision.models.get_model(name, weights=None, num_classes=NUM_CLASSES)
+
+
+def make_synthetic_batch(config, rank, device):
+    """A distinct batch per rank, made once on the device and reused every step (same for every strategy)."""
+    generator = torch.Generator(device=device).manual_seed(config["seed"] + 1 + rank)
+    size = config["image_size"]
+    images = torch.randn(config["batch_size_per_device"], 3, size, size, generator=generator, device=device)
+    labels = torch.randint(0, NUM_CLASSES, (config["batch_size_per_device"],), generator=generator, device=device)
+    if config["memory_format"] == "channels_last":
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images, labels
+
+
+def optimizer_arguments(config, for_overlap=False):
+    """Keyword arguments of the optimizer class, and the implementation they select."""
+    name, cuda = config["optimizer"], config["device"] == "cuda"
+    kwargs = {"lr": config["lr"]}
+    if name in ("sgd", "rmsprop"):
+        kwargs["momentum"] = config["momentum"]
+    if cuda and name != "rmsprop":  # one kernel launch for all tensors; RMSprop has no fused kernel
+        kwargs["fused"] = True
+        return kwargs, "functional fused" if for_overlap else "fused"
+    if cuda:
+        kwargs["foreach"] = True
+        return kwargs, "functional foreach" if for_overlap else "foreach"
+    return kwargs, "functional for-loop" if for_overlap else "default"
+
+
+def state_tensors_per_parameter(config):
+    """Optimizer state size in units of the parameters: what sharding the optimizer state divides."""
+    name, momentum = config["optimizer"], config["momentum"] > 0
+    return {"sgd": int(momentum), "adam": 2, "adamw": 2, "rmsprop": 1 + int(momentum)}[name]
+
+
+def channels_last_strides(shape):
+    n, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
+def restride_channels_last(tensor):
+    """Re-stride a densely stored 4-D tensor as channels_last over the same memory, keeping its values."""
+    values = tensor.detach().clone()
+    tensor.data = torch.as_strided(tensor.data, tensor.shape, channels_last_strides(tensor.shape))
+    tensor.data.copy_(values)
+
+
+def restore_channels_last(parameters):
+    """Flat-bucket sharding (fairscale OSS, ShardedDDP's reduce buckets, ZeroRedundancyOptimizer) re-points each
+    parameter, or gradient, at a slice of one buffer with view_as, which silently turns a channels_last weight
+    contiguous: every convolution would convert it back, forward and backward, and DDP warns that its bucket
+    strides no longer match. Re-stride each 4-D parameter and bucketed gradient as channels_last over the very
+    same slice (same bytes, so the buckets' collectives still cover it). Returns how many were restored."""
+    restored = 0
+    with torch.no_grad():
+        for param in parameters:
+            if param.dim() != 4:
+                continue
+            for tensor in (param, param.grad):
+                if tensor is None or tensor.stride() == channels_last_strides(tensor.shape):
+                    continue
+                if not tensor.is_contiguous():
+                    raise RuntimeError(f"cannot restore channels_last over a strided tensor {tuple(tensor.shape)}")
+                restride_channels_last(tensor)
+                restored += tensor is param
+    return restored
+
+
+def parameter_layout(model):
+    """How many convolution weights this rank holds in channels_last strides (FSDP2: its local shards)."""
+    weights = [local_tensor(p) for p in model.parameters() if p.dim() == 4]
+    return {"conv_weights": len(weights),
+            "channels_last": sum(1 for p in weights if p.dim() == 4 and p.stride() == channels_last_strides(p.shape))}
+
+
+def fsdp_units(model):
+    """The blocks FSDP wraps one by one: children of the root's Sequential containers (a ResNet's bottlenecks)."""
+    return [block for child in model.children() if isinstance(child, torch.nn.Sequential) for block in child.children()
+            if any(True for _ in block.parameters())]
+
+
+class Setup:
+    """One strategy's wrapped model and optimizer, and how to step, zero and check it."""
+
+    def __init__(self, model, optimizer, scaler=None, zero_grad=None, step_in_backward=False, sync_owner=None,
+                 sync_method=None, units=(), owned=None):
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.zero_grad = zero_grad or (lambda: optimizer.zero_grad(set_to_none=True))
+        self.step_in_backward = step_in_backward
+        self.sync_owner, self.sync_method = sync_owner, sync_method  # the method that broadcasts parameters
+        self.units = list(units)  # FSDP modules, for the explicit unshard of the instrumented pass
+        self.owned = owned  # () -> parameters whose optimizer state lives on this rank
+        self.layout_pending = False  # zero1_overlap flattens its parameters at its third step
+
+
+def wrap_strategy(strategy, model, config, device, world_size, mesh):
+    """The strategy's model and optimizer around a model that is already on its device."""
+    opt_class, channels_last = OPTIMIZERS[config["optimizer"]], config["parameter_memory_format"] == "channels_last"
+    kwargs, config["optimizer_impl"] = optimizer_arguments(config, for_overlap=strategy == "zero1_overlap")
+    config["optimizer_kwargs"] = kwargs
+    device_ids = [device.index] if device.type == "cuda" else None
+    fp16 = config["grad_scaler"]
+    if strategy in ("ddp", "zero1", "zero1_overlap", "oss_ddp"):
+        model = DistributedDataParallel(model, device_ids=device_ids)
+    if strategy == "ddp":
+        optimizer = opt_class(model.parameters(), **kwargs)
+        return Setup(model, optimizer, torch.amp.GradScaler(device.type) if fp16 else None,
+                     owned=lambda: list(model.parameters()))
+    if strategy in FAIRSCALE_STRATEGIES:
+        from fairscale.nn.data_parallel import ShardedDataParallel
+        from fairscale.optim import OSS
+        from fairscale.optim.grad_scaler import ShardedGradScaler
+        optimizer = OSS(model.parameters(), optim=opt_class, **kwargs)  # after DDP, as fairscale documents
+        zero_grad = None
+        if strategy == "oss_sharded_ddp":
+            model = ShardedDataParallel(model, optimizer, reduce_buffer_size=config["sharded_reduce_buffer"])
+            # Its first forward would re-flatten the parameters; do that setup now, then fix the layout once.
+            model.refresh_trainable()
+            # Its own zero_grad keeps the gradients that are views of its reduce buckets.
+            zero_grad = lambda: model.zero_grad(set_to_none=True)  # noqa: E731
+        if channels_last:
+            restore_channels_last(model.parameters())
+        return Setup(model, optimizer, ShardedGradScaler() if fp16 else None, zero_grad=zero_grad,
+                     sync_owner=optimizer, sync_method="_broadcast_params",
+                     owned=lambda: [p for g in optimizer.optim.param_groups for p in g["params"]])
+    if strategy in ("zero1", "zero1_overlap"):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        overlap = strategy == "zero1_overlap"
+        # One flat buffer per rank: one broadcast per rank after the step instead of one per parameter.
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=opt_class,
+                                            parameters_as_bucket_view=not overlap, overlap_with_ddp=overlap, **kwargs)
+        setup = Setup(model, optimizer, torch.amp.GradScaler(device.type) if fp16 else None,
+                      step_in_backward=overlap, sync_owner=None if overlap else optimizer,
+                      sync_method=None if overlap else "_sync_params",
+                      owned=lambda: [p for g in optimizer.optim.param_groups for p in g["params"]])
+        if overlap:
+            from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import hook_with_zero_step
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+            model.register_comm_hook(None, hook_with_zero_step(allreduce_hook, model, optimizer))
+            setup.layout_pending = channels_last
+        elif channels_last:
+            restore_channels_last(model.parameters())
+        return setup
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    reshard = strategy == "fsdp_zero3"
+    units = fsdp_units(model)
+    for unit in units:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    config["fsdp_units"] = len(units) + 1
+    optimizer = opt_class(model.parameters(), **kwargs)
+    return Setup(model, optimizer, ShardedGradScaler(device=device.type) if fp16 else None, units=[*units, model],
+                 owned=lambda: list(model.parameters()))
+
+
+def train_step(setup, images, labels, config, marker=None):
+    """One training step. In the instrumented pass, marker.close(phase) ends each phase, and FSDP's
+    all-gather is done up front (unshard) so that it can be timed apart from forward."""
+    mark = marker.close if marker is not None else (lambda phase: None)
+    if marker is not None and setup.units:
+        for unit in setup.units:
+            unit.unshard()
+        mark("parameter_sync_before_forward")
+    dtype = AUTOCAST_DTYPES[config["precision"]]
+    with torch.autocast(config["device"], dtype=dtype, enabled=dtype is not None):
+        loss = F.cross_entropy(setup.model(images), labels)
+    setup.zero_grad()
+    mark("forward")
+    (setup.scaler.scale(loss) if setup.scaler is not None else loss).backward()
+    mark("backward")
+    if setup.step_in_backward:
+        if setup.layout_pending and any(p.dim() == 4 and p.stride() != channels_last_strides(p.shape)
+                                        for p in setup.model.parameters()):
+            restore_channels_last(setup.model.parameters())
+            setup.layout_pending = False
+    elif setup.scaler is not None:
+        setup.scaler.step(setup.optimizer)
+        setup.scaler.update()
+    else:
+        setup.optimizer.step()
+    mark("optimizer_step")
+    return loss.detach()
+
+
+class PhaseMarker:
+    """Phase boundaries of the instrumented pass: CUDA events on the GPU (read after one synchronize, so no
+    host sync between phases), the host clock on the CPU, where every operation and every collective the
+    strategy waits for has finished when the call returns."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.steps = []
+
+    def now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start_step(self):
+        self.steps.append([("start", self.now())])
+
+    def close(self, phase):
+        self.steps[-1].append((phase, self.now()))
+
+    def phase_times_ms(self):
+        """{phase: [ms per step]}; a phase closed twice in a step (the optimizer step around OSS's broadcast)
+        adds up."""
+        per_phase = {}
+        for marks in self.steps:
+            totals = {}
+            for (_, before), (phase, after) in zip(marks, marks[1:]):
+                elapsed = before.elapsed_time(after) if self.cuda else (after - before) * 1e3
+                totals[phase] = totals.get(phase, 0.0) + elapsed
+            for phase, value in totals.items():
+                per_phase.setdefault(phase, []).append(value)
+        return per_phase
+
+
+@contextlib.contextmanager
+def timed_parameter_sync(setup, marker):
+    """OSS and ZeroRedundancyOptimizer broadcast the parameters at the end of their step(): split it there."""
+    if setup.sync_owner is None:
+        yield
+        return
+    original = getattr(setup.sync_owner, setup.sync_method)
+
+    def timed(*args, **kwargs):
+        marker.close("optimizer_step")
+        outcome = original(*args, **kwargs)
+        marker.close("parameter_sync")
+        return outcome
+
+    setattr(setup.sync_owner, setup.sync_method, timed)
+    try:
+        yield
+    finally:
+        delattr(setup.sync_owner, setup.sync_method)
+
+
+def instrumented_pass(setup, images, labels, config, device):
+    """Median time per phase over config['phase_steps'] extra steps (after the timed ones)."""
+    if not config["phase_steps"]:
+        return None
+    marker = PhaseMarker(device)
+    with timed_parameter_sync(setup, marker):
+        for _ in range(config["phase_steps"]):
+            marker.start_step()
+            train_step(setup, images, labels, config, marker)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    times = marker.phase_times_ms()
+    step_totals = [sum(times[phase][i] for phase in times) for i in range(config["phase_steps"])]
+    return {"phases_ms": {phase: {"median": median(values), "mad": summarize(values)["mad"]}
+                          for phase, values in times.items()},
+            "step_ms_median": median(step_totals)}
+
+
+ELEMENT_BYTES = {"float": 4, "double": 8, "c10::half": 2, "c10::bfloat16": 2, "long int": 8, "int64_t": 8,
+                 "int": 4, "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1,
+                 "float32": 4, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2, "long": 8, "int64": 8,
+                 "int32": 4, "short": 2, "byte": 1, "char": 1}
+
+
+def collective_kind(op_name):
+    name = op_name.lower().replace("allgather", "all_gather").replace("allreduce", "all_reduce")
+    for marker, kind in (("reduce_scatter", "reduce-scatter"), ("all_gather", "all-gather"),
+                         ("all_reduce", "all-reduce"), ("broadcast", "broadcast"), ("reduce", "reduce")):
+        if marker in name:
+            return kind
+    return "other"
+
+
+def element_count(dims):
+    """Elements of a recorded shape ([4, 3]) or of a list of shapes ([[4, 3], [7]])."""
+    if not isinstance(dims, list):
+        return 0
+    if all(isinstance(d, int) for d in dims):
+        return math.prod(dims)
+    return sum(element_count(d) for d in dims)
+
+
+def collectives_from_trace(events, steps):
+    """Collectives per step by kind from a profiler trace. The c10d:: dispatcher ops are what the strategy asked
+    for, on any backend (gloo runs a reduce-scatter as an all-reduce underneath); their input tensor says how
+    many elements (an all-gather's input is this rank's shard). A tensor list carries no dtype in the trace,
+    so the element size comes from the backend's own event of that size (gloo:*, nccl:*, record_param_comms)."""
+    sizes = {}
+    for event in events:
+        name, args = event.get("name", ""), event.get("args") or {}
+        if name == "record_param_comms" and "dtype" in args:
+            for key in ("In msg nelems", "Out msg nelems"):
+                sizes.setdefault(args.get(key), ELEMENT_BYTES.get(str(args["dtype"]).lower()))
+        elif name.split(":")[0] in ("gloo", "nccl", "ucc", "mpi") and ":" in name:
+            for dims, kind in zip(args.get("Input Dims") or [], args.get("Input type") or []):
+                sizes.setdefault(element_count(dims), ELEMENT_BYTES.get(str(kind).lower()))
+    totals, unknown = {}, 0
+    for event in events:
+        name, args = event.get("name", ""), event.get("args") or {}
+        if not name.startswith("c10d::"):
+            continue
+        op = name[len("c10d::"):]
+        index = 1 if any(word in op for word in ("gather", "scatter", "alltoall")) else 0
+        dims, types = args.get("Input Dims") or [], args.get("Input type") or []
+        elements = element_count(dims[index]) if index < len(dims) else 0
+        size = ELEMENT_BYTES.get(str(types[index]).lower()) if index < len(types) else None
+        if size is None:
+            size = sizes.get(elements)
+        if size is None and elements:
+            unknown += 1
+            size = 4
+        entry = totals.setdefault(collective_kind(op), {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += elements * size
+    per_step = {kind: {"count": value["count"] / steps, "bytes": value["bytes"] / steps}
+                for kind, value in totals.items()}
+    return per_step, unknown
+
+
+@contextlib.contextmanager
+def without_kineto_chatter():
+    """The profiler's C++ side prints its stages (USDT:, STAGE:) and, on a machine without a GPU, a device-count
+    ERROR straight to file descriptor 2. Hold stderr in a file meanwhile and pass on every other line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
+                    if not re.match(r"(USDT|STAGE):|ERROR:.*gpuGetDeviceCount", line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+def count_collectives(setup, images, labels, config, device, trace_path=None):
+    """Profile config['profile_steps'] more steps (host-side events only: no CUPTI) and count the collectives."""
+    if not config["profile_steps"]:
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "trace.json")
+        with without_kineto_chatter(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
+            for _ in range(config["profile_steps"]):
+                train_step(setup, images, labels, config)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        profiler.export_chrome_trace(path)
+        with open(path) as stream:
+            events = json.load(stream).get("traceEvents", [])
+        if trace_path:
+            os.makedirs(os.path.dirname(os.path.abspath(trace_path)), exist_ok=True)
+            os.replace(path, trace_path)
+    per_step, unknown = collectives_from_trace(events, config["profile_steps"])
+    return {"per_step": per_step, "unknown_dtype_assumed_4_bytes": unknown}
+
+
+# Wire bytes each rank sends per input byte, averaged over ranks, for ring/chain algorithms (NCCL's on one node).
+def wire_factor(kind, world_size):
+    n = world_size
+    return {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": (n - 1) / n, "all-gather": n - 1,
+            "broadcast": (n - 1) / n, "reduce": (n - 1) / n}.get(kind, 0.0)
+
+
+def analytic_volumes(strategy, parameter_bytes, buffer_bytes, world_size):
+    """Input bytes per step and rank by kind (an all-gather's input is one shard). P = parameter bytes:
+    DDP all-reduces P and broadcasts the buffers; ZeRO-1 (OSS, ZeroRedundancyOptimizer) adds a broadcast of P
+    in total, one shard from each rank; ShardedDDP reduces P to the owners instead; FSDP reduce-scatters P and
+    all-gathers the shards once (ZeRO-2) or twice (ZeRO-3: forward and backward)."""
+    p, b, n = parameter_bytes, buffer_bytes, world_size
+    return {"ddp": {"all-reduce": p, "broadcast": b},
+            "oss_ddp": {"all-reduce": p, "broadcast": p + b},
+            "oss_sharded_ddp": {"reduce": p, "broadcast": p + b},
+            "zero1": {"all-reduce": p, "broadcast": p + b},
+            "zero1_overlap": {"all-reduce": p, "broadcast": p + b},
+            "fsdp_zero2": {"all-gather": p / n, "reduce-scatter": p},
+            "fsdp_zero3": {"all-gather": 2 * p / n, "reduce-scatter": p}}[strategy]
+
+
+def wire_bytes(volumes, world_size):
+    return sum(volume * wire_factor(kind, world_size) for kind, volume in volumes.items())
+
+
+def local_tensor(tensor):
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def optimizer_state_bytes(optimizer):
+    """Bytes of optimizer state on this rank (OSS and ZeRO keep it in their inner .optim)."""
+    inner = getattr(optimizer, "optim", optimizer)
+    return sum(local_tensor(value).numel() * local_tensor(value).element_size()
+               for per_parameter in inner.state.values() for value in per_parameter.values()
+               if isinstance(value, torch.Tensor))
+
+
+def full_parameters(model):
+    """Every parameter whole, as a replica holds it: FSDP's sharded DTensors are gathered one at a time."""
+    for param in model.parameters():
+        yield param.full_tensor() if hasattr(param, "full_tensor") else param
+
+
+def local_analysis(setup, config, phases, collectives, model_numbers):
+    owned = sum(local_tensor(p).numel() for p in setup.owned())
+    per_parameter = state_tensors_per_parameter(config)
+    element_size = model_numbers["parameter_bytes"] // model_numbers["parameters"]
+    return {"phases": phases, "collectives": collectives, "owned_parameters": owned,
+            "optimizer_state_bytes": optimizer_state_bytes(setup.optimizer),
+            "expected_optimizer_state_bytes": per_parameter * owned * element_size,
+            "parameter_layout": parameter_layout(setup.model)}
+
+
+def combine_analysis(strategy, config, everyone, model_numbers, world_size):
+    """Rank 0's view plus every rank's figures, with the analytic volumes and memory expectations beside them."""
+    rank0, parameters = everyone[0], model_numbers["parameters"]
+    analytic = analytic_volumes(strategy, model_numbers["parameter_bytes"], model_numbers["buffer_bytes"],
+                                world_size)
+    per_parameter = state_tensors_per_parameter(config)
+    ddp_state = per_parameter * model_numbers["parameter_bytes"]
+    collectives = None
+    if rank0["collectives"] is not None:
+        measured = rank0["collectives"]["per_step"]
+        collectives = {
+            "source": "torch.profiler c10d:: ops (record_shapes), element size from the backend's events",
+            "profiled_steps": config["profile_steps"], "measured_per_step": measured,
+            "measured_per_step_per_rank": [entry["collectives"]["per_step"] for entry in everyone],
+            "unknown_dtype_assumed_4_bytes": rank0["collectives"]["unknown_dtype_assumed_4_bytes"],
+            "analytic_bytes_per_step": analytic,
+            "measured_over_analytic": {kind: measured.get(kind, {"bytes": 0})["bytes"] / volume
+                                       for kind, volume in analytic.items() if volume},
+            "wire_bytes_per_rank_measured": wire_bytes({k: v["bytes"] for k, v in measured.items()}, world_size),
+            "wire_bytes_per_rank_analytic": wire_bytes(analytic, world_size),
+            "wire_model": "ring/chain average per rank: all-reduce 2(N-1)/N, reduce-scatter (N-1)/N, "
+                          "all-gather (N-1) x shard, broadcast and reduce (N-1)/N of the input bytes"}
+    phases = rank0["phases"]
+    return {
+        "model": config["model"], **model_numbers,
+        "phase_steps": config["phase_steps"], "phase_note": PHASE_NOTES[strategy],
+        "phases_ms": phases["phases_ms"] if phases else None,
+        "phase_sum_ms_median": phases["step_ms_median"] if phases else None,
+        "phases_ms_per_rank": [{k: v["median"] for k, v in e["phases"]["phases_ms"].items()} if e["phases"] else None
+                               for e in everyone],
+        "collectives": collectives,
+        "memory": {
+            "optimizer_state_tensors_per_parameter": per_parameter,
+            "owned_parameter_fraction_per_rank": [e["owned_parameters"] / parameters for e in everyone],
+            "optimizer_state_bytes_per_rank": [e["optimizer_state_bytes"] for e in everyone],
+            "expected_optimizer_state_bytes_per_rank": [e["expected_optimizer_state_bytes"] for e in everyone],
+            "expected_optimizer_state_saving_bytes_vs_ddp":
+                ddp_state - max(e["expected_optimizer_state_bytes"] for e in everyone)},
+        "parameter_layout_per_rank": [e["parameter_layout"] for e in everyone],
+    }
+
+
+def workload_heading(result):
+    config, world = result["config"], result["world"]
+    parts = [config.get("model", "?"), config.get("optimizer", "?"), config["precision"],
+             f"{config['image_size']} px", f"{config['batch_size_per_device']}/device",
+             f"{world['world_size']} x {config['device']}", config["memory_format"]]
+    if config.get("preset"):
+        parts.append(f"preset {config['preset']}")
+    return " | ".join(str(part) for part in parts)
+
+
+def number(value, digits=0):
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def analysis_row(result, baseline):
+    analysis, throughput = result.get("analysis") or {}, result["throughput"]
+    phases = analysis.get("phases_ms") or {}
+    phase = {name: (phases.get(name) or {}).get("median") for name in PHASES}
+    sync = None if phase["parameter_sync"] is None and phase["parameter_sync_before_forward"] is None else \
+        (phase["parameter_sync"] or 0.0) + (phase["parameter_sync_before_forward"] or 0.0)
+    collectives = analysis.get("collectives") or {}
+    measured = collectives.get("measured_per_step") or {}
+    counts = ", ".join(f"{measured[kind]['count']:g} {kind}" for kind in COLLECTIVE_KINDS if kind in measured)
+    measured_mib = sum(v["bytes"] for v in measured.values()) / 2**20 if measured else None
+    analytic = collectives.get("analytic_bytes_per_step")
+    analytic_mib = sum(analytic.values()) / 2**20 if analytic else None
+    memory = analysis.get("memory") or {}
+    state = max(memory["optimizer_state_bytes_per_rank"]) / 2**20 if memory else None
+    expected = memory["expected_optimizer_state_saving_bytes_vs_ddp"] / 2**20 if memory else None
+    peak = (result["memory"] or {}).get("peak_allocated_mib")
+    base_peak = (baseline["memory"] or {}).get("peak_allocated_mib") if baseline else None
+    relative = throughput["rank0_median_images_per_second"] / baseline["throughput"]["rank0_median_images_per_second"] \
+        if throughput and baseline and baseline["throughput"] else None
+    return (f"| {result['strategy']} | {'-' if relative is None else f'{relative:.1%}'} | "
+            f"{number(phase['forward'], 2)} | {number(phase['backward'], 2)} | {number(phase['optimizer_step'], 2)} | "
+            f"{number(sync, 2)} | {counts or '-'} | {number(measured_mib, 1)} ({number(analytic_mib, 1)}) | "
+            f"{number(state, 1)} | {number(expected, 1)} | "
+            f"{number(base_peak - peak if peak is not None and base_peak is not None else None, 0)} |")
+
+
+def print_strategy_table(results):
+    """The seed's table (strategy | median img/s ± MAD | peak MiB), then the measured explanation, per workload."""
+    groups = {}
+    for result in results:
+        groups.setdefault(workload_heading(result), []).append(result)
+    for heading, members in groups.items():
+        members = sorted(members, key=lambda r: STRATEGIES.index(r["strategy"]) if r["strategy"] in STRATEGIES
+                         else len(STRATEGIES))
+        baseline = next((r for r in members if r["strategy"] == "ddp" and r["status"] == "ok"), None)
+        print(f"\n{heading}\n")
+        print("| strategy | Median throughput (img/s) (rank 0) ± MAD | Peak memory (MiB) |")
+        print("|---|---|---|")
+        for result in members:
+            throughput, peak = result["throughput"], (result["memory"] or {}).get("peak_allocated_mib")
+            name = result["strategy"] if result["status"] == "ok" else f"{result['strategy']} ({result['status']})"
+            speed = "-" if not throughput else (f"{throughput['rank0_median_images_per_second']:,.0f} ± "
+                                                f"{throughput['rank0_mad_images_per_second']:,.0f}")
+            print(f"| {name} | {speed} | {number(peak)} |")
+        print("\n| strategy | vs ddp | forward ms | backward ms | optimizer step ms | parameter sync ms | "
+              "collectives per step | MiB per step measured (analytic) | optimizer state MiB/rank | "
+              "expected state saving MiB | peak saving vs ddp MiB |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for result in members:
+            if result.get("analysis") is not None:
+                print(analysis_row(result, baseline))
+    sys.stdout.flush()
+
+
+def read_results(paths):
+    results = []
+    for path in paths:
+        try:
+            with open(path) as stream:
+                result = json.load(stream)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--table: cannot read {path}: {error}") from None
+        if not isinstance(result, dict) or not {"strategy", "status", "config", "world", "throughput",
+                                                "memory"} <= set(result):
+            raise UsageError(f"--table: {path} is not a benchmark result (no strategy, status, config, ...)")
+        results.append(result)
+    return results
+
+
+def run_strategy(config, result, launch, device, monitor, stop, mesh, hardware, wall_start):
+    """Build, measure, instrument and profile one strategy; write its result. Returns (exit code, signal)."""
+    rank, world_size, strategy = launch["rank"], launch["world_size"], config["strategy"]
+    if rank == 0:
+        print_environment(result, config)
+    torch.manual_seed(config["seed"])  # identical initial weights on every rank and for every strategy
+    model = build_model(config["model"]).to(device)
+    model_numbers = {"parameters": sum(p.numel() for p in model.parameters()),
+                     "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+                     "buffers": sum(1 for _ in model.buffers()),
+                     "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers())}
+    if config["parameter_memory_format"] == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+    setup = wrap_strategy(strategy, model, config, device, world_size, mesh)
+    images, labels = make_synthetic_batch(config, rank, device)
+
+    record = measure(lambda: train_step(setup, images, labels, config), config, device, rank, world_size,
+                     monitor, stop)
+    phases = collectives = None
+    if not record["signal"]:
+        if rank == 0 and (config["phase_steps"] or config["profile_steps"]):
+            print(f"  instrumented pass ({config['phase_steps']} steps), profiled pass "
+                  f"({config['profile_steps']} steps)", flush=True)
+        phases = instrumented_pass(setup, images, labels, config, device)
+        trace = os.path.join(config["trace_dir"], f"{os.path.splitext(os.path.basename(config['output']))[0]}"
+                                                  f"-rank{rank}.trace.json") if config["trace_dir"] else None
+        collectives = count_collectives(setup, images, labels, config, device, trace)
+    if not record["signal"]:  # every rank agreed on the signal, so all of them gather or none
+        local = local_analysis(setup, config, phases, collectives, model_numbers)
+        everyone = gather_to_all(local, monitor, world_size)
+        if rank == 0:
+            result["analysis"] = combine_analysis(strategy, config, everyone, model_numbers, world_size)
+    inject_fault(config, rank, 0, "desync", setup.model)
+    record.update(hardware=hardware, checksums=parameter_checksums(full_parameters(setup.model)))
+    return finish_run(result, record, monitor, lambda: build_model(config["model"]), wall_start), record["signal"]
+
+
+def main(argv=None):
+    started_at = datetime.datetime.now(datetime.timezone.utc)
+    wall_start = time.perf_counter()
+    args, explicit = parse_arguments(argv)
+    if args.table is not None:
+        if explicit - {"table"}:
+            raise UsageError(f"--table only reads result files: drop --{sorted(explicit - {'table'})[0]}")
+        print_strategy_table(read_results(args.table))
+        return EXIT_OK
+    overrides = apply_preset(args, explicit)
+    if "lr" not in explicit and args.preset is None:
+        args.lr = DEFAULT_LR[args.optimizer]
+    strategies, notes = resolve_strategies(args, explicit)
+    if args.trace_dir and os.path.exists(args.trace_dir) and not os.path.isdir(args.trace_dir):
+        raise UsageError(f"--trace-dir {args.trace_dir} is not a directory")
+    launch = detect_launch(os.environ)
+    if launch["world_size"] < 2:
+        raise UsageError("sharding needs at least 2 ranks: launch with torchrun --nproc-per-node 2 (or srun with "
+                         "2 tasks); python oss_benchmark.py --table FILES only prints results")
+    cuda_available = args.device == "cuda" and torch.cuda.is_available()
+    device_count = torch.cuda.device_count() if cuda_available else 0
+    bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
+    several = len(strategies) > 1
+    configs = []
+    for strategy in strategies:
+        per_strategy = argparse.Namespace(**vars(args))
+        per_strategy.output = output_for(strategy, args.output, several)
+        config = resolve_harness_config(per_strategy, launch, strategy, cuda_available, device_count, bf16_supported)
+        # FSDP2 refuses non-contiguous (channels_last) parameters: its inputs stay channels_last, so cuDNN still
+        # runs channels_last convolutions and converts each weight on the fly.
+        fsdp = strategy.startswith("fsdp")
+        config.update(model=args.model, optimizer=args.optimizer, preset=args.preset, preset_overrides=overrides,
+                      parameter_memory_format="contiguous" if fsdp else config["memory_format"],
+                      optimizer_state_tensors_per_parameter=None, sharded_reduce_buffer=args.sharded_reduce_buffer,
+                      cudnn_deterministic=args.cudnn_deterministic, phase_steps=args.phase_steps,
+                      profile_steps=args.profile_steps, trace_dir=args.trace_dir, strategies_in_launch=strategies)
+        config["optimizer_state_tensors_per_parameter"] = state_tensors_per_parameter(config)
+        configs.append(config)
+    rank, world_size = launch["rank"], launch["world_size"]
+    stop = StopRequest()
+    stop.install()
+    device = setup_device(configs[0], launch, device_count)
+    for config in configs:
+        config["cpu_threads_per_rank"] = configs[0].get("cpu_threads_per_rank")
+        if args.cudnn_deterministic:
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+            config["cudnn_benchmark"] = False
+    result = base_result(configs[0], launch, started_at)
+    store = monitor = None
+    finished, exit_code = [], EXIT_OK
+    try:
+        store, monitor = init_distributed(configs[0], launch, device)
+        hardware = collect_local_hardware(device, rank)
+        check_rank_agreement(configs[0], hardware, monitor, world_size)
+        mesh = None
+        if any(s.startswith("fsdp") for s in strategies):
+            from torch.distributed.device_mesh import init_device_mesh
+            mesh = init_device_mesh(device.type, (world_size,))
+        if rank == 0:
+            for note in notes:
+                print(f"note: {note}")
+            for option, values in overrides.items():
+                print(f"note: --preset {args.preset}: --{option.replace('_', '-')} {values['given']} given "
+                      f"explicitly overrides the preset's {values['preset']}")
+            if "lr" not in explicit and args.preset is None:
+                print(f"note: --optimizer {args.optimizer} uses lr {args.lr:g} (pass --lr to change it)")
+            if several:
+                print(f"note: {len(strategies)} strategies, one result each: "
+                      f"{', '.join(c['output'] for c in configs)}", flush=True)
+        for config in configs:
+            strategy_start = time.perf_counter()
+            result = base_result(config, launch, datetime.datetime.now(datetime.timezone.utc))
+            code, signum = run_strategy(config, result, launch, device, monitor, stop, mesh, hardware,
+                                        strategy_start)
+            finished.append(result)
+            exit_code = exit_code or code
+            gc.collect()  # the previous strategy's model, optimizer and buffers, before the next one measures
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            if signum:
+                break
+        if rank == 0:
+            print_strategy_table(finished)
+        return exit_code
+    except UsageError:
+        raise
+    except BaseException as error:  # noqa: BLE001 - every failure must end in a result, not a traceback
+        if rank == 0 and finished:
+            print_strategy_table(finished)
+        return fail(error, result, rank, world_size, store, device, wall_start)
+    finally:
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_guarded(main)
