@@ -67,7 +67,10 @@ NOT_OPTIONS = {"benchmark", "strategy", "device", "backend", "model", "image_siz
                "precision", "grad_scaler", "tf32", "memory_format_requested", "memory_format", "compile",
                "compile_mode", "optimizer", "lr", "seed", "cudnn_benchmark", "timeout_s", "output", "overwrite",
                "inject_fault", "inject_fault_rank", "inject_fault_step",
-               "cpu_threads_per_rank"}  # CPU runs: the cores shared out over the ranks, so it follows the world size
+               # CPU runs: the cores shared out over the ranks, so it follows the world size.
+               "cpu_threads_per_rank",
+               # Lightning: its devices per node and nodes (the world), its precision name, its version.
+               "devices", "num_nodes", "trainer_precision", "lightning"}
 
 # The fields this report reads, with the types it can work with (a subset of the schema).
 NUMBER, OPTIONAL_NUMBER = "number", "number or null"
@@ -767,8 +770,8 @@ def check_against(runs, reference_runs, tolerance, reference_path):
                          f"{describe(unmatched[0]['config'])} (the reference holds "
                          f"{'; '.join(sorted({describe(row['config']) for row in references}))})")
     for run in unmatched:
-        lines.append(f"report.py: warning: {display_path(run['path'], pathlib.Path.cwd())}: no reference result with its configuration, "
-                     f"not checked: {describe(run['config'])}")
+        lines.append(f"report.py: warning: {display_path(run['path'], pathlib.Path.cwd())}: no reference result "
+                     f"with its configuration, not checked: {describe(run['config'])}")
     if violations:
         lines += [f"REGRESSION {line}" for line in violations]
         lines.append(f"check failed: {len(violations)} violation{'s' * (len(violations) > 1)} against "

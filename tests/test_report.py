@@ -1,7 +1,7 @@
 """report.py on real result files: tables, plots, the regression check, the README section and bad inputs.
 
-The fixtures under tests/fixtures/results/ were written by ddp_resnet50.py in CPU runs
-(tests/fixtures/make_report_fixtures.sh). No benchmark runs here: every test reads files.
+The fixtures under tests/fixtures/results/ were written by ddp_resnet50.py and lightning/ddp_resnet50.py in
+CPU runs (tests/fixtures/make_report_fixtures.sh). No benchmark runs here: every test reads files.
 """
 import copy
 import json
@@ -44,13 +44,10 @@ def table_rows(markdown, title):
     return [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()[2:]]
 
 
-def as_lightning(result):
-    """Stand-in for a lightning/ddp_resnet50.py result until real fixtures exist: a native result relabelled."""
-    result = copy.deepcopy(result)
-    result["benchmark"] = result["config"]["benchmark"] = "lightning/ddp_resnet50.py"
-    result["strategy"] = result["config"]["strategy"] = "lightning_ddp"
-    result["throughput"]["images_per_second"] *= 0.9
-    return result
+def shown(value, like=None):
+    """A rate as the report prints it: decimals only for small numbers (CPU runs)."""
+    scale = value if like is None else like
+    return f"{value:,.0f}" if scale >= 100 else f"{value:,.1f}" if scale >= 10 else f"{value:.2f}"
 
 
 def with_memory(result, allocated_mib, strategy=None, benchmark=None):
@@ -70,11 +67,12 @@ def with_memory(result, allocated_mib, strategy=None, benchmark=None):
 
 def test_fixtures_are_real_results_of_the_schema():
     names = sorted(path.stem for path in FIXTURES.glob("*.json"))
-    assert names == ["native-desync-2proc", "native-strong-1proc", "native-strong-2proc", "native-weak-1proc",
-                     "native-weak-2proc-a", "native-weak-2proc-b"]
+    assert names == ["lightning-weak-1proc", "lightning-weak-2proc", "native-desync-2proc", "native-strong-1proc",
+                     "native-strong-2proc", "native-weak-1proc", "native-weak-2proc-a", "native-weak-2proc-b"]
     for name in names:
         result = read_result(FIXTURES / f"{name}.json")
-        assert result["benchmark"] == "ddp_resnet50.py" and result["config"]["device"] == "cpu"
+        benchmark = {"native": "ddp_resnet50.py", "lightning": "lightning/ddp_resnet50.py"}[name.split("-")[0]]
+        assert result["benchmark"] == benchmark and result["config"]["device"] == "cpu"
     assert fixture("native-desync-2proc")["status"] == "desync"
 
 
@@ -89,52 +87,71 @@ def test_markdown_table_aggregates_repeats_and_marks_failures():
             "Median throughput (img/s) (rank 0) ± MAD | Throughput (img/s) | Peak memory (MiB) | runs | "
             "spread between runs | status |") == header
     # Strong scaling rows (global batch 8) first, then weak (4 per process); the failed run after its twin.
-    assert [(row[2], row[3], row[4], row[5], row[11]) for row in rows] == [
-        ("1", "global", "8", "8", "ok"), ("2", "global", "4", "8", "ok"), ("1", "per device", "4", "4", "ok"),
-        ("2", "per device", "4", "8", "ok"), ("2", "per device", "4", "8", "**✗ desync**")]
+    assert [(row[0], row[2], row[3], row[4], row[5], row[11]) for row in rows] == [
+        ("ddp_resnet50.py", "1", "global", "8", "8", "ok"), ("ddp_resnet50.py", "2", "global", "4", "8", "ok"),
+        ("ddp_resnet50.py", "1", "per device", "4", "4", "ok"), ("ddp_resnet50.py", "2", "per device", "4", "8", "ok"),
+        ("ddp_resnet50.py", "2", "per device", "4", "8", "**✗ desync**"),
+        ("lightning/ddp_resnet50.py", "1", "per device", "4", "4", "ok"),
+        ("lightning/ddp_resnet50.py", "2", "per device", "4", "8", "ok")]
+    assert [row[1] for row in rows] == ["ddp"] * 5 + ["lightning_ddp"] * 2  # script options that never vary: hidden
     # The two ok 2-process weak runs are repeats: the median of each figure, and their spread.
     a, b = fixture("native-weak-2proc-a")["throughput"], fixture("native-weak-2proc-b")["throughput"]
     median = statistics.median([a["images_per_second"], b["images_per_second"]])
     spread = abs(a["images_per_second"] - b["images_per_second"]) / median
     rank0 = statistics.median([a["rank0_median_images_per_second"], b["rank0_median_images_per_second"]])
     mad = statistics.median([a["rank0_mad_images_per_second"], b["rank0_mad_images_per_second"]])
-    assert rows[3][6:11] == [f"{rank0:.2f} ± {mad:.2f}", f"{median:.2f}", "n/a", "2", f"{spread * 100:.1f} %"]
+    assert rows[3][6:11] == [f"{shown(rank0)} ± {shown(mad, like=rank0)}", shown(median), "n/a", "2",
+                             f"{spread * 100:.1f} %"]
     single = fixture("native-weak-1proc")["throughput"]
-    assert rows[2][6:11] == [f"{single['rank0_median_images_per_second']:.2f} ± "
-                             f"{single['rank0_mad_images_per_second']:.2f}", f"{single['images_per_second']:.2f}",
-                             "n/a", "1", "–"]
+    rank0, mad = single["rank0_median_images_per_second"], single["rank0_mad_images_per_second"]
+    assert rows[2][6:11] == [f"{shown(rank0)} ± {shown(mad, like=rank0)}", shown(single["images_per_second"]), "n/a",
+                             "1", "–"]
     failure = fixture("native-desync-2proc")["failure"]["message"]
     assert f"- ✗ desync in `native-desync-2proc.json`: {failure}" in markdown
-    assert "Results from `tests/fixtures/results` (6 files)." in markdown
+    assert "Results from `tests/fixtures/results` (8 files)." in markdown
+
+
+def rate(name):
+    return fixture(name)["throughput"]["images_per_second"]
+
+
 
 
 def test_scaling_tables_pair_runs_that_differ_only_in_world_size():
     markdown = run_report(FIXTURES).stdout
-    one, two = fixture("native-weak-1proc")["throughput"], fixture("native-weak-2proc-a")["throughput"]
-    two_median = statistics.median([two["images_per_second"],
-                                    fixture("native-weak-2proc-b")["throughput"]["images_per_second"]])
     weak = table_rows(markdown, "Weak scaling")
-    efficiency = two_median / (2 * one["images_per_second"])
-    assert weak == [
-        ["ddp_resnet50.py", "ddp", "4", "1", f"{one['images_per_second']:.2f}", f"{one['images_per_second']:.2f}",
-         "1.00×", "100.0 %"],
-        ["ddp_resnet50.py", "ddp", "4", "2", f"{two_median:.2f}", f"{two_median / 2:.2f}",
-         f"{two_median / one['images_per_second']:.2f}×", f"{efficiency * 100:.1f} %"]]
+    native_two = statistics.median([rate("native-weak-2proc-a"), rate("native-weak-2proc-b")])
+    expected = []
+    for benchmark, one, two in [("ddp_resnet50.py", rate("native-weak-1proc"), native_two),
+                                ("lightning/ddp_resnet50.py", rate("lightning-weak-1proc"),
+                                 rate("lightning-weak-2proc"))]:
+        strategy = "ddp" if benchmark == "ddp_resnet50.py" else "lightning_ddp"
+        expected += [[benchmark, strategy, "4", "1", shown(one), shown(one), "1.00×", "100.0 %"],
+                     [benchmark, strategy, "4", "2", shown(two), shown(two / 2), f"{two / one:.2f}×",
+                      f"{two / (2 * one) * 100:.1f} %"]]  # efficiency = throughput at N / (N x throughput at 1)
+    assert weak == expected
     strong = table_rows(markdown, "Strong scaling")
-    one, two = fixture("native-strong-1proc")["throughput"], fixture("native-strong-2proc")["throughput"]
-    speedup = two["images_per_second"] / one["images_per_second"]
-    assert [row[2:] for row in strong] == [
-        ["8", "1", "8", f"{one['images_per_second']:.2f}", "1.00×", "1.00×", "100.0 %"],
-        ["8", "2", "4", f"{two['images_per_second']:,.1f}" if two["images_per_second"] >= 10
-         else f"{two['images_per_second']:.2f}", f"{speedup:.2f}×", "2.00×", f"{speedup / 2 * 100:.1f} %"]]
+    one, two = rate("native-strong-1proc"), rate("native-strong-2proc")
+    assert strong == [
+        ["ddp_resnet50.py", "ddp", "8", "1", "8", shown(one), "1.00×", "1.00×", "100.0 %"],
+        ["ddp_resnet50.py", "ddp", "8", "2", "4", shown(two), f"{two / one:.2f}×", "2.00×",
+         f"{two / one / 2 * 100:.1f} %"]]
 
 
-def test_lightning_and_sharding_tables(tmp_path, report):
-    """Stand-ins built from real native results (see as_lightning / with_memory) until lightning and oss
-    fixtures are generated: the arithmetic and the pairing are what is under test."""
+def test_lightning_table_pairs_the_twins_of_one_configuration():
+    rows = table_rows(run_report(FIXTURES).stdout, "Lightning against native DDP")
+    native_two = statistics.median([rate("native-weak-2proc-a"), rate("native-weak-2proc-b")])
+    pairs = [("1", rate("native-weak-1proc"), rate("lightning-weak-1proc")),
+             ("2", native_two, rate("lightning-weak-2proc"))]
+    # The desync run and the strong-scaling runs have no Lightning twin and stay out.
+    assert rows == [[size, "per device", "4", "ddp", shown(native), "lightning_ddp", shown(lightning),
+                     f"{lightning / native:.2f}×", "n/a", "n/a", "–"] for size, native, lightning in pairs]
+
+
+def test_sharding_table_saves_memory_against_ddp(tmp_path):
+    """Stand-ins built from a real native result until oss_benchmark.py fixtures are generated (see
+    with_memory): the pairing with the ddp strategy and the memory arithmetic are what is under test."""
     native = fixture("native-weak-2proc-a")
-    write(tmp_path / "native.json", native)
-    write(tmp_path / "lightning.json", as_lightning(native))
     figures = {"ddp": 9000.0, "oss_ddp": 7000.0, "fsdp_zero3": 4500.0}
     for strategy, mib in figures.items():
         write(tmp_path / f"oss-{strategy}.json", with_memory(native, mib, strategy, "oss_benchmark.py"))
@@ -144,11 +161,8 @@ def test_lightning_and_sharding_tables(tmp_path, report):
                failure={"kind": "oom", "rank": 0, "message": "OutOfMemoryError: CUDA out of memory"})
     write(tmp_path / "oss-zero1-oom.json", oom)
     markdown = run_report(tmp_path).stdout
-    rate = native["throughput"]["images_per_second"]
-    assert table_rows(markdown, "Lightning against native DDP") == [
-        ["2", "per device", "4", "ddp", f"{rate:.2f}", "lightning_ddp", f"{rate * 0.9:.2f}", "0.90×", "n/a", "n/a",
-         "–"]]
     sharding = table_rows(markdown, "Sharding strategies")
+    # In the order of how much each strategy shards; the OOM keeps its place with its status.
     assert [(row[2], row[5], row[6], row[7], row[8]) for row in sharding] == [
         ("ddp", "baseline", "9,000", "baseline", "ok"),
         ("oss_ddp", "1.00×", "7,000", "2,000 MiB (22.2 %)", "ok"),
