@@ -131,6 +131,44 @@ def add_harness_arguments(parser):
     parser.add_argument("--inject-fault-step", type=int, default=1, help=argparse.SUPPRESS)
 
 
+def add_ddp_arguments(parser, cuda_graphs):
+    parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+                        help="let gradients alias DDP's buckets (saves a copy and memory)")
+    parser.add_argument("--static-graph", action="store_true", help="tell DDP the graph never changes")
+    parser.add_argument("--compiled-ddp", choices=["ddp_optimizer", "python_reducer", "no_optimization"],
+                        help="how torch.compile treats DDP (torch._dynamo.config.optimize_ddp): split the graph at "
+                             "bucket boundaries (PyTorch's default), trace the reducer with compiled autograd, or "
+                             "one graph with all-reduce after backward")
+    if cuda_graphs:
+        parser.add_argument("--cuda-graphs", action="store_true",
+                            help="capture the whole training step (forward, backward with DDP's all-reduce, "
+                                 "optimizer step) in one CUDA graph after the eager warm-up, and replay it")
+
+
+def resolve_ddp_options(args, config, world_size):
+    """DDP, compiled-DDP and CUDA-graph options, checked like the rest before any GPU work."""
+    if args.compiled_ddp and not config["compile"]:
+        raise UsageError("--compiled-ddp needs --compile or --compile-mode")
+    cuda_graphs = bool(getattr(args, "cuda_graphs", False))
+    config.update(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph,
+                  gradient_as_bucket_view=args.gradient_as_bucket_view, compiled_ddp=args.compiled_ddp,
+                  cuda_graphs=cuda_graphs)
+    if cuda_graphs:
+        if config["device"] != "cuda":
+            raise UsageError("--cuda-graphs needs --device cuda")
+        if config["compile_mode"] in ("reduce-overhead", "max-autotune"):
+            raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
+                             f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
+        needed = 12 if world_size > 1 else 2
+        if config["warmup_steps"] < needed:
+            raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
+                             + (", after the 11 eager DDP steps that DDP needs first" if world_size > 1 else ""))
+    if args.compiled_ddp:
+        torch._dynamo.config.optimize_ddp = args.compiled_ddp
+        torch._dynamo.config.compiled_autograd = args.compiled_ddp == "python_reducer"
+
+
 def parse_slurm_tasks_per_node(text):
     """'4(x2),3' -> [4, 4, 3] (the format of SLURM_STEP_TASKS_PER_NODE)."""
     counts = []
@@ -783,10 +821,7 @@ def parse_arguments(argv=None):
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_harness_arguments(parser)
-    parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
-    parser.add_argument("--gradient-as-bucket-view", action="store_true",
-                        help="let gradients alias DDP's buckets (saves a copy and memory)")
-    parser.add_argument("--static-graph", action="store_true", help="tell DDP the graph never changes")
+    add_ddp_arguments(parser, cuda_graphs=True)
     return parser.parse_args(argv)
 
 
@@ -803,7 +838,9 @@ def make_optimizer(parameters, config):
 
 def train_step(model, optimizer, scaler, images, labels, config):
     dtype = AUTOCAST_DTYPES[config["precision"]]
-    with torch.autocast(config["device"], dtype=dtype, enabled=dtype is not None):
+    # autocast's cache of cast weights must stay off while a CUDA graph is captured
+    with torch.autocast(config["device"], dtype=dtype, enabled=dtype is not None,
+                        cache_enabled=not config["cuda_graphs"]):
         loss = F.cross_entropy(model(images), labels)
     optimizer.zero_grad(set_to_none=True)
     if scaler is not None:
@@ -825,9 +862,10 @@ def main(argv=None):
     device_count = torch.cuda.device_count() if cuda_available else 0
     bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
     config = resolve_harness_config(args, launch, STRATEGY, cuda_available, device_count, bf16_supported)
-    config.update(model="resnet50", bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view,
-                  static_graph=args.static_graph, optimizer="sgd",
-                  optimizer_impl="fused" if config["device"] == "cuda" else "foreach")
+    resolve_ddp_options(args, config, launch["world_size"])
+    config.update(model="resnet50", optimizer="sgd", optimizer_impl="fused" if config["device"] == "cuda" else "foreach")
+    if config["cuda_graphs"]:  # NCCL's watchdog must not poll work that lives inside a captured graph
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
     rank, world_size = launch["rank"], launch["world_size"]
     stop = StopRequest()
     stop.install()
@@ -846,17 +884,22 @@ def main(argv=None):
         if config["memory_format"] == "channels_last":
             model = model.to(memory_format=torch.channels_last)
         if world_size > 1:
-            model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                            bucket_cap_mb=config["bucket_cap_mb"], static_graph=config["static_graph"],
-                                            gradient_as_bucket_view=config["gradient_as_bucket_view"])
+            # A captured all-reduce must come from a DDP built on a side stream (PyTorch's CUDA graph notes).
+            with torch.cuda.stream(torch.cuda.Stream()) if config["cuda_graphs"] else contextlib.nullcontext():
+                model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                                bucket_cap_mb=config["bucket_cap_mb"],
+                                                static_graph=config["static_graph"],
+                                                gradient_as_bucket_view=config["gradient_as_bucket_view"])
         optimizer = make_optimizer(model.parameters(), config)
         scaler = torch.amp.GradScaler(device.type) if config["grad_scaler"] else None
         if config["compile"]:
             model = torch.compile(model, mode=None if config["compile_mode"] == "default" else config["compile_mode"])
         images, labels = make_synthetic_batch(config, rank, device)
 
-        record = measure(lambda: train_step(model, optimizer, scaler, images, labels, config),
-                         config, device, rank, world_size, monitor, stop)
+        step = lambda: train_step(model, optimizer, scaler, images, labels, config)  # noqa: E731
+        if config["cuda_graphs"]:
+            step = GraphedStep(step, eager_steps=config["warmup_steps"] - 1)
+        record = measure(step, config, device, rank, world_size, monitor, stop)
         inject_fault(config, rank, 0, "desync", model)
         record.update(hardware=hardware, checksums=parameter_checksums(model.parameters()))
         return finish_run(result, record, monitor, build_model, wall_start)
@@ -868,6 +911,30 @@ def main(argv=None):
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+
+
+class GraphedStep:
+    """Eager warm-up steps on a side stream, the capture of one whole step as the last warm-up step, then
+    replays. A replay launches the step's ~thousand kernels at once, which is what a small batch needs."""
+
+    def __init__(self, step, eager_steps):
+        self.step, self.eager_steps = step, eager_steps
+        self.stream, self.graph, self.static_loss = torch.cuda.Stream(), None, None
+
+    def __call__(self):
+        if self.graph is None and self.eager_steps > 0:
+            self.eager_steps -= 1
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                loss = self.step()
+            torch.cuda.current_stream().wait_stream(self.stream)
+            return loss
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):  # records the step; nothing runs until replay
+                self.static_loss = self.step()
+        self.graph.replay()
+        return self.static_loss.clone()
 
 
 if __name__ == "__main__":

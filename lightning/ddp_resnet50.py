@@ -137,6 +137,44 @@ def add_harness_arguments(parser):
     parser.add_argument("--inject-fault-step", type=int, default=1, help=argparse.SUPPRESS)
 
 
+def add_ddp_arguments(parser, cuda_graphs):
+    parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+                        help="let gradients alias DDP's buckets (saves a copy and memory)")
+    parser.add_argument("--static-graph", action="store_true", help="tell DDP the graph never changes")
+    parser.add_argument("--compiled-ddp", choices=["ddp_optimizer", "python_reducer", "no_optimization"],
+                        help="how torch.compile treats DDP (torch._dynamo.config.optimize_ddp): split the graph at "
+                             "bucket boundaries (PyTorch's default), trace the reducer with compiled autograd, or "
+                             "one graph with all-reduce after backward")
+    if cuda_graphs:
+        parser.add_argument("--cuda-graphs", action="store_true",
+                            help="capture the whole training step (forward, backward with DDP's all-reduce, "
+                                 "optimizer step) in one CUDA graph after the eager warm-up, and replay it")
+
+
+def resolve_ddp_options(args, config, world_size):
+    """DDP, compiled-DDP and CUDA-graph options, checked like the rest before any GPU work."""
+    if args.compiled_ddp and not config["compile"]:
+        raise UsageError("--compiled-ddp needs --compile or --compile-mode")
+    cuda_graphs = bool(getattr(args, "cuda_graphs", False))
+    config.update(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph,
+                  gradient_as_bucket_view=args.gradient_as_bucket_view, compiled_ddp=args.compiled_ddp,
+                  cuda_graphs=cuda_graphs)
+    if cuda_graphs:
+        if config["device"] != "cuda":
+            raise UsageError("--cuda-graphs needs --device cuda")
+        if config["compile_mode"] in ("reduce-overhead", "max-autotune"):
+            raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
+                             f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
+        needed = 12 if world_size > 1 else 2
+        if config["warmup_steps"] < needed:
+            raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
+                             + (", after the 11 eager DDP steps that DDP needs first" if world_size > 1 else ""))
+    if args.compiled_ddp:
+        torch._dynamo.config.optimize_ddp = args.compiled_ddp
+        torch._dynamo.config.compiled_autograd = args.compiled_ddp == "python_reducer"
+
+
 def parse_slurm_tasks_per_node(text):
     """'4(x2),3' -> [4, 4, 3] (the format of SLURM_STEP_TASKS_PER_NODE)."""
     counts = []
@@ -789,10 +827,7 @@ def parse_arguments(argv=None):
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_harness_arguments(parser)
-    parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
-    parser.add_argument("--gradient-as-bucket-view", action="store_true",
-                        help="let gradients alias DDP's buckets (saves a copy and memory)")
-    parser.add_argument("--static-graph", action="store_true", help="tell DDP the graph never changes")
+    add_ddp_arguments(parser, cuda_graphs=False)  # Lightning owns the step: no whole-step capture
     parser.add_argument("--devices", type=positive_int, default=1, help="devices (processes) per node")
     parser.add_argument("--num-nodes", type=positive_int, default=1, help="nodes")
     return parser.parse_args(argv)
@@ -946,9 +981,8 @@ def main(argv=None):
     device_count = torch.cuda.device_count() if cuda_available else 0
     bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
     config = resolve_harness_config(args, launch, STRATEGY, cuda_available, device_count, bf16_supported)
-    config.update(model="resnet50", bucket_cap_mb=args.bucket_cap_mb,
-                  gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph,
-                  optimizer="sgd", optimizer_impl="fused" if config["device"] == "cuda" else "foreach",
+    resolve_ddp_options(args, config, launch["world_size"])
+    config.update(model="resnet50", optimizer="sgd", optimizer_impl="fused" if config["device"] == "cuda" else "foreach",
                   devices=args.devices, num_nodes=args.num_nodes,
                   trainer_precision=resolve_trainer_precision(config["precision"]),
                   lightning=package_version("lightning"))
