@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The GPU evidence behind results/: every configuration the README reports, in one call on a
+# 2-GPU machine. One-GPU configurations run in pairs, one per GPU, at the same time (each process sees
+# only its own GPU); two-GPU configurations run one after another.
+#
+#   tools/gpu_evidence.sh SECTION... [--out DIR]
+#
+# Sections: native (issue 2), lightning (issue 3), graphs and compile (issue 7), sharding (issue 4), oom (issue 9).
+# Each run writes DIR/results/<name>.json and DIR/logs/<name>.log; a summary table is printed last.
+# Keep NVLink multicast off (the machine's rule): exported here, inherited by every child process.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT_DIR=${OUT_DIR:-/tmp/gpu-evidence}
+sections=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT_DIR=$2; shift 2 ;;
+    *) sections+=("$1"); shift ;;
+  esac
+done
+RES=$OUT_DIR/results LOGS=$OUT_DIR/logs
+mkdir -p "$RES" "$LOGS"
+PY=${PYTHON:-python3}
+TWO=("$PY" -m torch.distributed.run --standalone --nproc-per-node 2)
+STEPS=(--warmup-steps 10 --steps 100)
+
+bench() {  # bench NAME GPUS LIMIT_S COMMAND... : one run, its log, its exit code in the log
+  local name=$1 gpus=$2 limit=$3
+  shift 3
+  echo "[$(date -u +%H:%M:%S)] $name (GPU $gpus): $*" | tee -a "$OUT_DIR/commands.txt"
+  CUDA_VISIBLE_DEVICES=$gpus timeout --kill-after 15 "$limit" "$@" --output "$RES/$name.json" \
+    >"$LOGS/$name.log" 2>&1
+  echo "exit $? after $SECONDS s" >>"$LOGS/$name.log"
+}
+
+pair() {  # pair "NAME LIMIT ARGS..." "NAME LIMIT ARGS...": two one-GPU runs side by side
+  local a b
+  read -r -a a <<<"$1"
+  read -r -a b <<<"$2"
+  bench "${a[0]}" 0 "${a[1]}" "$PY" "${a[@]:2}" &
+  bench "${b[0]}" 1 "${b[1]}" "$PY" "${b[@]:2}" &
+  wait
+}
+
+section_native() {
+  pair "native-1gpu-bf16-256-a 120 ddp_resnet50.py ${STEPS[*]}" \
+       "native-1gpu-bf16-256-b 120 ddp_resnet50.py ${STEPS[*]}"
+  pair "native-1gpu-fp32-256 120 ddp_resnet50.py --precision fp32 ${STEPS[*]}" \
+       "native-1gpu-bf16-256-compile 300 ddp_resnet50.py --compile ${STEPS[*]}"
+  bench native-2gpu-bf16-256-a 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
+  bench native-2gpu-bf16-256-b 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
+  bench native-2gpu-fp32-256 0,1 120 "${TWO[@]}" ddp_resnet50.py --precision fp32 "${STEPS[@]}"
+  bench native-2gpu-bf16-256-compile 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile "${STEPS[@]}"
+}
+
+section_lightning() {
+  pair "lightning-1gpu-bf16-256 120 lightning/ddp_resnet50.py ${STEPS[*]}" \
+       "native-1gpu-bf16-32 120 ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}"
+  pair "lightning-1gpu-bf16-32 120 lightning/ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}" \
+       "native-1gpu-bf16-256-c 120 ddp_resnet50.py ${STEPS[*]}"
+  bench lightning-2gpu-bf16-256 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 "${STEPS[@]}"
+  bench native-2gpu-bf16-32 0,1 120 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 32 "${STEPS[@]}"
+  bench lightning-2gpu-bf16-32 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 --batch-size-per-device 32 \
+    "${STEPS[@]}"
+  bench native-2gpu-bf16-256-c 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
+}
+
+section_graphs() {
+  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
+  pair "native-1gpu-fp16-256 120 ddp_resnet50.py --precision fp16 ${STEPS[*]}" \
+       "native-1gpu-bf16-32-graphs 120 ddp_resnet50.py --batch-size-per-device 32 ${graphs[*]}"
+  pair "native-1gpu-bf16-256-graphs 120 ddp_resnet50.py ${graphs[*]}" \
+       "native-1gpu-fp16-32-graphs 120 ddp_resnet50.py --precision fp16 --batch-size-per-device 32 ${graphs[*]}"
+  bench native-2gpu-bf16-32-graphs 0,1 150 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 32 "${graphs[@]}"
+}
+
+section_compile() {
+  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
+  pair "native-1gpu-fp16-256-compile 300 ddp_resnet50.py --precision fp16 --compile ${STEPS[*]}" \
+       "native-1gpu-bf16-32-compile-graphs 300 ddp_resnet50.py --batch-size-per-device 32 --compile ${graphs[*]}"
+  pair "native-1gpu-fp16-256-compile-graphs 300 ddp_resnet50.py --precision fp16 --compile ${graphs[*]}" \
+       "native-1gpu-bf16-256-compile-graphs 300 ddp_resnet50.py --compile ${graphs[*]}"
+  bench native-2gpu-bf16-32-compile-graphs 0,1 300 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 32 \
+    --compile "${graphs[@]}"
+}
+
+section_sharding() {
+  local opt
+  for opt in sgd adam; do
+    bench "sharding-2gpu-bf16-256-$opt" 0,1 420 env PYTHONPATH="${PYTHONPATH:-}" "${TWO[@]}" oss_benchmark.py \
+      --strategy all --optimizer "$opt" "${STEPS[@]}"
+  done
+  bench sharding-2gpu-preset-fairscale 0,1 420 "${TWO[@]}" oss_benchmark.py --strategy all --preset fairscale
+}
+
+section_oom() {
+  # A batch that cannot fit in 141 GB: every rank must end, rank 0 writing status "oom".
+  bench native-2gpu-oom 0,1 120 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 4096 --warmup-steps 1 --steps 1
+}
+
+nvidia-smi -L; nvidia-smi topo -m
+"$PY" -c "import torch, torchvision; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', \
+torch.cuda.nccl.version(), 'torchvision', torchvision.__version__)"
+for section in "${sections[@]}"; do
+  "section_$section"
+done
+"$PY" - "$RES" <<'EOF'
+import json, pathlib, sys
+rows = []
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    try:
+        r = json.loads(path.read_text())
+    except ValueError:
+        rows.append(f"{path.stem:44s} unreadable"); continue
+    t, s, m = r.get("throughput") or {}, r.get("step_time_ms") or {}, r.get("memory") or {}
+    mad = 100 * s["mad"] / s["median"] if s else float("nan")
+    rows.append(f"{path.stem:44s} {r['status']:8s} {t.get('images_per_second', 0):9.0f} img/s "
+                f"{t.get('images_per_second_per_device', 0):7.0f}/dev  median {s.get('median', 0):7.2f} ms "
+                f"MAD {mad:4.1f}%  peak {m.get('peak_allocated_mib') or 0:8.0f} MiB")
+print("\n".join(rows))
+EOF
