@@ -1124,7 +1124,8 @@ def wrap_strategy(strategy, model, config, device, world_size, mesh):
         if overlap:
             from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import hook_with_zero_step
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-            model.register_comm_hook(None, hook_with_zero_step(allreduce_hook, model, optimizer))
+            # shard_buckets splits each DDP bucket over the ranks: whole buckets per rank leave the state uneven.
+            model.register_comm_hook(None, hook_with_zero_step(allreduce_hook, model, optimizer, shard_buckets=True))
             setup.layout_pending = channels_last
         elif channels_last:
             restore_channels_last(model.parameters())
@@ -1382,11 +1383,12 @@ def local_tensor(tensor):
 
 
 def optimizer_state_bytes(optimizer):
-    """Bytes of optimizer state on this rank (OSS and ZeRO keep it in their inner .optim)."""
+    """Bytes of optimizer state on this rank (OSS and ZeRO keep it in their inner .optim), without the
+    one-number step counters of Adam and RMSprop."""
     inner = getattr(optimizer, "optim", optimizer)
     return sum(local_tensor(value).numel() * local_tensor(value).element_size()
                for per_parameter in inner.state.values() for value in per_parameter.values()
-               if isinstance(value, torch.Tensor))
+               if isinstance(value, torch.Tensor) and value.dim() > 0)
 
 
 def full_parameters(model):

@@ -1,0 +1,243 @@
+"""oss_benchmark.py on the CPU: every strategy gloo can run, in one launch of 2 processes at 32 px; the fairscale
+preset; the table rebuilt from the result files; bad input (one line, exit 2, nothing written)."""
+import json
+import math
+import re
+
+import pytest
+
+from conftest import OSS, SMALL, clean_env, load_script, one_error_line, read_result, run_script
+
+GLOO_STRATEGIES = ["ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "fsdp_zero2", "fsdp_zero3"]
+# SMALL, shortened: six strategies in one launch must stay well inside the suite's time on 2 CPU cores.
+TINY = [*SMALL, "--batch-size-per-device", "2", "--warmup-steps", "1", "--steps", "2", "--phase-steps", "1",
+        "--profile-steps", "1"]
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_script(OSS, "oss_benchmark_under_test")
+
+
+@pytest.fixture(scope="module")
+def all_run(tmp_path_factory):
+    """One --strategy all launch (channels_last, to exercise the layout restore), a result per strategy."""
+    directory = tmp_path_factory.mktemp("oss")
+    proc = run_script(OSS, [*TINY, "--model", "resnet18", "--memory-format", "channels_last",
+                            "--output", str(directory / "all.json")], nproc=2, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    paths = {strategy: directory / f"all-{strategy}.json" for strategy in GLOO_STRATEGIES}
+    return proc, paths, {strategy: read_result(path) for strategy, path in paths.items()}
+
+
+def test_all_runs_every_gloo_strategy_with_parameters_in_sync(all_run):
+    proc, paths, results = all_run
+    assert "note: --strategy all skips zero1_overlap on gloo" in proc.stdout
+    assert not (paths["ddp"].parent / "all-zero1_overlap.json").exists()
+    # The renamed outputs are announced before the run, not changed silently.
+    assert f"note: 6 strategies, one result each: {paths['ddp']}" in proc.stdout
+    for strategy, result in results.items():
+        assert (result["benchmark"], result["strategy"], result["status"]) == ("oss_benchmark.py", strategy, "ok")
+        config = result["config"]
+        assert config["output"] == str(paths[strategy])
+        assert (config["model"], config["optimizer"], config["backend"]) == ("resnet18", "sgd", "gloo")
+        assert config["strategies_in_launch"] == GLOO_STRATEGIES
+        assert result["checks"]["parameters_synchronized"] is True, strategy
+        assert result["checks"]["parameter_max_abs_diff"] == 0.0
+        assert result["checks"]["loss_finite"] and all(math.isfinite(v) for v in result["loss_per_step"])
+        assert result["throughput"]["timed_steps"] == 2
+        assert [len(times) for times in result["step_times_ms_per_rank"]] == [2, 2]
+    # Same seed, same data: every strategy starts from the same loss.
+    assert len({round(r["loss_per_step"][0], 5) for r in results.values()}) == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_measured_collectives_match_the_analytic_volumes(all_run):
+    _, _, results = all_run
+    for strategy, result in results.items():
+        analysis = result["analysis"]
+        collectives = analysis["collectives"]
+        measured, analytic = collectives["measured_per_step"], collectives["analytic_bytes_per_step"]
+        assert set(measured) == set(analytic), strategy
+        assert collectives["unknown_dtype_assumed_4_bytes"] == 0
+        for kind, ratio in collectives["measured_over_analytic"].items():
+            assert ratio == pytest.approx(1.0, rel=1e-9), (strategy, kind)
+        assert collectives["wire_bytes_per_rank_measured"] == pytest.approx(collectives["wire_bytes_per_rank_analytic"])
+        # Every rank saw the same collectives.
+        assert collectives["measured_per_step_per_rank"][0] == collectives["measured_per_step_per_rank"][1]
+    parameter_bytes = results["ddp"]["analysis"]["parameter_bytes"]
+    assert parameter_bytes == 4 * results["ddp"]["analysis"]["parameters"] == 4 * 11_689_512  # resnet18, fp32
+    # DDP all-reduces exactly the gradient bytes, once per step.
+    assert results["ddp"]["analysis"]["collectives"]["measured_per_step"]["all-reduce"]["bytes"] == parameter_bytes
+    # ShardedDDP broadcasts every buffer on its own, plus one parameter shard per rank.
+    sharded = results["oss_sharded_ddp"]["analysis"]
+    assert sharded["collectives"]["measured_per_step"]["broadcast"]["count"] == sharded["buffers"] + 2
+    # ZeRO-3 gathers every unit twice (forward, backward), ZeRO-2 once.
+    gathers = {s: results[s]["analysis"]["collectives"]["measured_per_step"]["all-gather"]["count"]
+               for s in ("fsdp_zero2", "fsdp_zero3")}
+    assert gathers["fsdp_zero3"] == 2 * gathers["fsdp_zero2"] == 2 * results["fsdp_zero2"]["config"]["fsdp_units"]
+
+
+def test_phase_breakdown_names_each_strategys_phases(all_run):
+    _, _, results = all_run
+    for strategy, result in results.items():
+        analysis = result["analysis"]
+        phases = analysis["phases_ms"]
+        assert all(phases[name]["median"] > 0 for name in ("forward", "backward", "optimizer_step")), strategy
+        assert analysis["phase_note"] and analysis["phase_steps"] == 1
+        assert len(analysis["phases_ms_per_rank"]) == 2
+        synced_after_step = strategy in ("oss_ddp", "oss_sharded_ddp", "zero1")
+        assert ("parameter_sync" in phases) == synced_after_step, strategy
+        assert ("parameter_sync_before_forward" in phases) == strategy.startswith("fsdp"), strategy
+        assert analysis["phase_sum_ms_median"] == pytest.approx(sum(v["median"] for v in phases.values()), rel=0.5)
+
+
+def test_optimizer_state_is_sharded_as_expected(all_run):
+    _, _, results = all_run
+    for strategy, result in results.items():
+        memory = result["analysis"]["memory"]
+        assert memory["optimizer_state_tensors_per_parameter"] == 1  # SGD with momentum
+        assert sum(memory["owned_parameter_fraction_per_rank"]) == pytest.approx(1.0 if strategy != "ddp" else 2.0)
+        # The state the optimizer really holds is what the partition predicts (momentum: 4 bytes per element).
+        assert memory["optimizer_state_bytes_per_rank"] == memory["expected_optimizer_state_bytes_per_rank"]
+        saving = memory["expected_optimizer_state_saving_bytes_vs_ddp"]
+        assert saving == 0 if strategy == "ddp" else 0 < saving < result["analysis"]["parameter_bytes"]
+    assert results["fsdp_zero2"]["analysis"]["memory"]["owned_parameter_fraction_per_rank"] == [0.5, 0.5]
+
+
+def test_channels_last_survives_flat_buckets_and_fsdp_keeps_only_inputs_channels_last(all_run):
+    _, _, results = all_run
+    for strategy, result in results.items():
+        fsdp = strategy.startswith("fsdp")
+        assert result["config"]["memory_format"] == "channels_last"
+        assert result["config"]["parameter_memory_format"] == ("contiguous" if fsdp else "channels_last")
+        for layout in result["analysis"]["parameter_layout_per_rank"]:
+            assert layout == {"conv_weights": 20, "channels_last": 0 if fsdp else 20}, strategy
+
+
+def test_table_is_rebuilt_from_the_result_files(all_run, script, capsys):
+    proc, paths, _ = all_run
+    final_table = proc.stdout[proc.stdout.rindex("result: ok ->"):].split("\n", 1)[1]
+    assert "| strategy | Median throughput (img/s) (rank 0) ± MAD | Peak memory (MiB) |" in final_table
+    assert all(f"| {strategy} |" in final_table for strategy in GLOO_STRATEGIES)
+    # Files in any order: the table keeps the strategies' order. (In-process: python oss_benchmark.py --table
+    # runs this same main(); a subprocess would only add torch's import time.)
+    assert script.main(["--table", *map(str, reversed(list(paths.values())))]) == 0
+    assert capsys.readouterr().out == final_table
+
+
+def test_preset_fills_what_was_not_given_and_reports_overrides(script):
+    args, explicit = script.parse_arguments(["--preset", "fairscale"])
+    assert script.apply_preset(args, explicit) == {}
+    assert (args.model, args.image_size, args.batch_size_per_device, args.precision, args.optimizer, args.lr,
+            args.momentum, args.memory_format) == ("resnet101", 28, 256, "fp32", "rmsprop", 1e-4, 0.9, "contiguous")
+    args, explicit = script.parse_arguments(["--preset", "fairscale", "--global-batch-size", "64",
+                                             "--optimizer", "adam", "--image-size", "28"])
+    overrides = script.apply_preset(args, explicit)
+    assert overrides == {"global_batch_size": {"preset": 256, "given": 64}, "optimizer": {"preset": "rmsprop",
+                                                                                         "given": "adam"}}
+    assert args.batch_size_per_device is None and args.optimizer == "adam" and args.model == "resnet101"
+
+
+def test_preset_end_to_end_with_a_small_batch(tmp_path):
+    output = tmp_path / "preset.json"
+    proc = run_script(OSS, ["--preset", "fairscale", "--device", "cpu", "--strategy", "oss_sharded_ddp",
+                            "--batch-size-per-device", "2", "--warmup-steps", "1", "--steps", "1",
+                            "--phase-steps", "1", "--profile-steps", "1", "--output", str(output)], nproc=2)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert ("note: --preset fairscale: --batch-size-per-device 2 given explicitly overrides the preset's 256"
+            in proc.stdout)
+    result = read_result(output)
+    config = result["config"]
+    assert (config["model"], config["image_size"], config["precision"], config["optimizer"], config["lr"],
+            config["momentum"], config["memory_format"], config["preset"]) == \
+        ("resnet101", 28, "fp32", "rmsprop", 1e-4, 0.9, "contiguous", "fairscale")
+    assert config["preset_overrides"] == {"batch_size_per_device": {"preset": 256, "given": 2}}
+    assert result["status"] == "ok" and result["checks"]["parameters_synchronized"] is True
+    memory = result["analysis"]["memory"]
+    assert memory["optimizer_state_tensors_per_parameter"] == 2  # RMSprop with momentum: square_avg + momentum
+    assert memory["optimizer_state_bytes_per_rank"] == memory["expected_optimizer_state_bytes_per_rank"]
+    assert result["analysis"]["parameters"] == 44_549_160  # resnet101
+
+
+def bad_input(args, tmp_path, env=None):
+    """Run one process with bad input: exactly one line, exit 2, no result file."""
+    output = tmp_path / "never.json"
+    proc = run_script(OSS, [*args, "--output", str(output)], env=env)
+    lines = one_error_line(proc.stderr)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert not output.exists() and not output.with_name("never-ddp.json").exists()
+    return lines[0]
+
+
+def test_missing_fairscale_names_the_extra(tmp_path):
+    hidden = tmp_path / "hide"
+    (hidden / "fairscale").mkdir(parents=True)
+    (hidden / "fairscale" / "__init__.py").write_text("raise ImportError('No module named fairscale (hidden)')\n")
+    line = bad_input([*TINY, "--strategy", "ddp,oss_sharded_ddp"], tmp_path, env=clean_env(PYTHONPATH=str(hidden)))
+    assert "needs fairscale" in line and "pip install '.[fairscale]'" in line
+
+
+def test_a_strategy_the_backend_cannot_run_is_refused(tmp_path):
+    line = bad_input([*TINY, "--strategy", "zero1_overlap"], tmp_path)
+    assert "zero1_overlap cannot run on gloo" in line
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--strategy", "ddp,zero4"], "unknown strategy zero4 (choose from ddp, oss_ddp"),
+    (["--table", "x.json", "--strategy", "ddp"], "--table only reads result files"),
+    (["--compile"], "--compile is not supported"),
+    (["--model", "not_a_model"], "not a torchvision classification model"),
+    (["--device", "cuda", "--strategy", "zero1_overlap", "--precision", "fp16"], "zero1_overlap cannot use fp16"),
+    (["--device", "cuda", "--strategy", "zero1_overlap", "--warmup-steps", "2"], "needs --warmup-steps >= 3"),
+    (["--device", "cpu", "--strategy", "ddp"], "sharding needs at least 2 ranks"),
+    (["--table", "/nonexistent/result.json"], "cannot read /nonexistent/result.json"),
+    (["--phase-steps", "-1"], "must be zero or a positive integer"),
+])
+def test_bad_input_raises_one_rule(script, monkeypatch, argv, message):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(script.UsageError, match=re.escape(message)):
+        script.main(argv)
+
+
+def test_fairscale_is_only_needed_by_its_strategies(script, monkeypatch):
+    monkeypatch.setattr(script, "fairscale_import_error", lambda: "ImportError: hidden")
+    args, explicit = script.parse_arguments(["--device", "cpu", "--strategy", "ddp,zero1,fsdp_zero2"])
+    assert script.resolve_strategies(args, explicit) == (["ddp", "zero1", "fsdp_zero2"], [])
+    args, explicit = script.parse_arguments(["--device", "cpu"])
+    with pytest.raises(script.UsageError, match="oss_ddp,oss_sharded_ddp needs fairscale"):
+        script.resolve_strategies(args, explicit)
+
+
+def test_output_names_and_collective_kinds(script):
+    assert script.output_for("zero1", "results/x.json", several=True) == "results/x-zero1.json"
+    assert script.output_for("zero1", "results/x.json", several=False) == "results/x.json"
+    assert script.output_for("ddp", None, several=True) is None  # the harness default already names the strategy
+    kinds = {name: script.collective_kind(name) for name in ("allreduce_", "_allgather_base_", "_reduce_scatter_base_",
+                                                              "reduce_", "broadcast_", "barrier",
+                                                              "allgather_into_tensor_coalesced_")}
+    assert kinds == {"allreduce_": "all-reduce", "_allgather_base_": "all-gather",
+                     "_reduce_scatter_base_": "reduce-scatter", "reduce_": "reduce", "broadcast_": "broadcast",
+                     "barrier": "other", "allgather_into_tensor_coalesced_": "all-gather"}
+    # Ring/chain bytes per rank on 2 ranks: DDP sends P, ZeRO-1 adds half of P, ZeRO-3 gathers twice.
+    volumes = {s: script.wire_bytes(script.analytic_volumes(s, 100.0, 0.0, 2), 2) for s in script.STRATEGIES}
+    assert volumes == {"ddp": 100.0, "oss_ddp": 150.0, "oss_sharded_ddp": 100.0, "zero1": 150.0,
+                       "zero1_overlap": 150.0, "fsdp_zero2": 100.0, "fsdp_zero3": 150.0}
+
+
+def test_collectives_are_read_from_a_trace_without_dtypes_on_tensor_lists(script):
+    events = [
+        {"name": "c10d::allreduce_", "args": {"Input type": ["TensorList", ""], "Input Dims": [[[10], [5]], []]}},
+        {"name": "nccl:all_reduce", "args": {"Input type": ["c10::BFloat16"], "Input Dims": [[15]]}},
+        {"name": "c10d::_allgather_base_", "args": {"Input type": ["float", "float"], "Input Dims": [[8], [4]]}},
+        {"name": "record_param_comms", "args": {"Collective name": "broadcast", "In msg nelems": 3,
+                                                "Out msg nelems": 3, "dtype": "Long"}},
+        {"name": "c10d::broadcast_", "args": {"Input type": ["TensorList"], "Input Dims": [[[3]]]}},
+        {"name": "c10d::reduce_", "args": {"Input type": ["TensorList"], "Input Dims": [[[7]]]}},
+    ]
+    per_step, unknown = script.collectives_from_trace(events, steps=1)
+    assert per_step == {"all-reduce": {"count": 1, "bytes": 30}, "all-gather": {"count": 1, "bytes": 16},
+                        "broadcast": {"count": 1, "bytes": 24}, "reduce": {"count": 1, "bytes": 28}}
+    assert unknown == 1  # the reduce of 7 elements had no backend event to name its dtype
+    json.dumps(per_step)
