@@ -885,6 +885,7 @@ def build_parser():
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_harness_arguments(parser)
+    add_ddp_arguments(parser, cuda_graphs=False)  # for the strategies built on DDP (ddp, oss_ddp, zero1*)
     parser.add_argument("--strategy", type=strategy_list, default="all",
                         help=f"one of {', '.join(STRATEGIES)}, a comma list, or all (those the backend can run)")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",
@@ -956,9 +957,10 @@ def resolve_strategies(args, explicit):
         if args.precision == "fp16":
             raise UsageError("zero1_overlap cannot use fp16: its optimizer step runs inside backward, where a "
                              "GradScaler cannot unscale first; use bf16 or fp32")
-        if args.warmup_steps < 3:
-            raise UsageError(f"zero1_overlap needs --warmup-steps >= 3 (got {args.warmup_steps}): its first two "
-                             f"or three steps only learn DDP's buckets and update nothing")
+        needed = 4 if args.static_graph else 3
+        if args.warmup_steps < needed:
+            raise UsageError(f"zero1_overlap needs --warmup-steps >= {needed} (got {args.warmup_steps}): its first "
+                             f"{needed - 1} steps only learn DDP's buckets and update nothing")
     if args.compile or args.compile_mode:
         raise UsageError("--compile is not supported by oss_benchmark.py: the strategies' own hooks (fairscale, "
                          "the ZeRO comm hook, the phase instrumentation) are measured eagerly; ddp_resnet50.py "
@@ -989,30 +991,20 @@ def build_model(name):
     return torchvision.models.get_model(name, weights=None, num_classes=NUM_CLASSES)
 
 
-def make_synthetic_batch(config, rank, device):
-    """A distinct batch per rank, made once on the device and reused every step (same for every strategy)."""
-    generator = torch.Generator(device=device).manual_seed(config["seed"] + 1 + rank)
-    size = config["image_size"]
-    images = torch.randn(config["batch_size_per_device"], 3, size, size, generator=generator, device=device)
-    labels = torch.randint(0, NUM_CLASSES, (config["batch_size_per_device"],), generator=generator, device=device)
-    if config["memory_format"] == "channels_last":
-        images = images.contiguous(memory_format=torch.channels_last)
-    return images, labels
-
-
-def optimizer_arguments(config, for_overlap=False):
-    """Keyword arguments of the optimizer class, and the implementation they select."""
+def optimizer_arguments(config):
+    """Keyword arguments of the optimizer class, and the implementation they select (zero1_overlap passes them
+    to the optimizer's functional twin, which has the same kernels)."""
     name, cuda = config["optimizer"], config["device"] == "cuda"
     kwargs = {"lr": config["lr"]}
     if name in ("sgd", "rmsprop"):
         kwargs["momentum"] = config["momentum"]
     if cuda and name != "rmsprop":  # one kernel launch for all tensors; RMSprop has no fused kernel
         kwargs["fused"] = True
-        return kwargs, "functional fused" if for_overlap else "fused"
+        return kwargs, "fused"
     if cuda:
         kwargs["foreach"] = True
-        return kwargs, "functional foreach" if for_overlap else "foreach"
-    return kwargs, "functional for-loop" if for_overlap else "default"
+        return kwargs, "foreach"
+    return kwargs, "default"
 
 
 def state_tensors_per_parameter(config):
@@ -1061,10 +1053,16 @@ def parameter_layout(model):
             "channels_last": sum(1 for p in weights if p.dim() == 4 and p.stride() == channels_last_strides(p.shape))}
 
 
-def fsdp_units(model):
-    """The blocks FSDP wraps one by one: children of the root's Sequential containers (a ResNet's bottlenecks)."""
-    return [block for child in model.children() if isinstance(child, torch.nn.Sequential) for block in child.children()
-            if any(True for _ in block.parameters())]
+def fsdp_units(module):
+    """The blocks FSDP wraps one by one: the children of the outermost Sequential containers (a ResNet's
+    bottlenecks, a ViT's encoder blocks, a ConvNeXt's stages)."""
+    units = []
+    for child in module.children():
+        if isinstance(child, torch.nn.Sequential):
+            units += [block for block in child.children() if any(True for _ in block.parameters())]
+        else:
+            units += fsdp_units(child)
+    return units
 
 
 class Setup:
@@ -1081,15 +1079,13 @@ class Setup:
         self.layout_pending = False  # zero1_overlap flattens its parameters at its third step
 
 
-def wrap_strategy(strategy, model, config, device, world_size, mesh):
+def wrap_strategy(strategy, model, config, device, mesh, channels_last):
     """The strategy's model and optimizer around a model that is already on its device."""
-    opt_class, channels_last = OPTIMIZERS[config["optimizer"]], config["parameter_memory_format"] == "channels_last"
-    kwargs, config["optimizer_impl"] = optimizer_arguments(config, for_overlap=strategy == "zero1_overlap")
-    config["optimizer_kwargs"] = kwargs
-    device_ids = [device.index] if device.type == "cuda" else None
-    fp16 = config["grad_scaler"]
+    opt_class, kwargs, fp16 = OPTIMIZERS[config["optimizer"]], config["optimizer_kwargs"], config["grad_scaler"]
     if strategy in ("ddp", "zero1", "zero1_overlap", "oss_ddp"):
-        model = DistributedDataParallel(model, device_ids=device_ids)
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                        bucket_cap_mb=config["bucket_cap_mb"], static_graph=config["static_graph"],
+                                        gradient_as_bucket_view=config["gradient_as_bucket_view"])
     if strategy == "ddp":
         optimizer = opt_class(model.parameters(), **kwargs)
         return Setup(model, optimizer, torch.amp.GradScaler(device.type) if fp16 else None,
@@ -1137,7 +1133,6 @@ def wrap_strategy(strategy, model, config, device, world_size, mesh):
     for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
-    config["fsdp_units"] = len(units) + 1
     optimizer = opt_class(model.parameters(), **kwargs)
     return Setup(model, optimizer, ShardedGradScaler(device=device.type) if fp16 else None, units=[*units, model],
                  owned=lambda: list(model.parameters()))
@@ -1543,9 +1538,12 @@ def run_strategy(config, result, launch, device, monitor, stop, mesh, hardware, 
                      "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
                      "buffers": sum(1 for _ in model.buffers()),
                      "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers())}
-    if config["parameter_memory_format"] == "channels_last":
+    # FSDP2 refuses non-contiguous (channels_last) parameters: its inputs stay channels_last, so cuDNN still
+    # runs channels_last convolutions and converts each weight on the fly.
+    parameter_format = "contiguous" if strategy.startswith("fsdp") else config["memory_format"]
+    if parameter_format == "channels_last":
         model = model.to(memory_format=torch.channels_last)
-    setup = wrap_strategy(strategy, model, config, device, world_size, mesh)
+    setup = wrap_strategy(strategy, model, config, device, mesh, parameter_format == "channels_last")
     images, labels = make_synthetic_batch(config, rank, device)
 
     record = measure(lambda: train_step(setup, images, labels, config), config, device, rank, world_size,
@@ -1563,7 +1561,8 @@ def run_strategy(config, result, launch, device, monitor, stop, mesh, hardware, 
         local = local_analysis(setup, config, phases, collectives, model_numbers)
         everyone = gather_to_all(local, monitor, world_size)
         if rank == 0:
-            result["analysis"] = combine_analysis(strategy, config, everyone, model_numbers, world_size)
+            result["analysis"] = {"parameter_memory_format": parameter_format, "fsdp_units": len(setup.units),
+                                  **combine_analysis(strategy, config, everyone, model_numbers, world_size)}
     inject_fault(config, rank, 0, "desync", setup.model)
     record.update(hardware=hardware, checksums=parameter_checksums(full_parameters(setup.model)))
     return finish_run(result, record, monitor, lambda: build_model(config["model"]), wall_start), record["signal"]
@@ -1597,14 +1596,14 @@ def main(argv=None):
         per_strategy = argparse.Namespace(**vars(args))
         per_strategy.output = output_for(strategy, args.output, several)
         config = resolve_harness_config(per_strategy, launch, strategy, cuda_available, device_count, bf16_supported)
-        # FSDP2 refuses non-contiguous (channels_last) parameters: its inputs stay channels_last, so cuDNN still
-        # runs channels_last convolutions and converts each weight on the fly.
-        fsdp = strategy.startswith("fsdp")
+        resolve_ddp_options(per_strategy, config, launch["world_size"])
+        # Only options and what follows from them, the same for every strategy of the launch: what a strategy
+        # makes of them (its parameter layout, its FSDP units) goes into the result's analysis.
         config.update(model=args.model, optimizer=args.optimizer, preset=args.preset, preset_overrides=overrides,
-                      parameter_memory_format="contiguous" if fsdp else config["memory_format"],
-                      optimizer_state_tensors_per_parameter=None, sharded_reduce_buffer=args.sharded_reduce_buffer,
-                      cudnn_deterministic=args.cudnn_deterministic, phase_steps=args.phase_steps,
-                      profile_steps=args.profile_steps, trace_dir=args.trace_dir, strategies_in_launch=strategies)
+                      sharded_reduce_buffer=args.sharded_reduce_buffer, cudnn_deterministic=args.cudnn_deterministic,
+                      phase_steps=args.phase_steps, profile_steps=args.profile_steps, trace_dir=args.trace_dir,
+                      strategies_in_launch=strategies)
+        config["optimizer_kwargs"], config["optimizer_impl"] = optimizer_arguments(config)
         config["optimizer_state_tensors_per_parameter"] = state_tensors_per_parameter(config)
         configs.append(config)
     rank, world_size = launch["rank"], launch["world_size"]

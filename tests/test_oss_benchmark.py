@@ -75,7 +75,7 @@ def test_measured_collectives_match_the_analytic_volumes(all_run):
     # ZeRO-3 gathers every unit twice (forward, backward), ZeRO-2 once.
     gathers = {s: results[s]["analysis"]["collectives"]["measured_per_step"]["all-gather"]["count"]
                for s in ("fsdp_zero2", "fsdp_zero3")}
-    assert gathers["fsdp_zero3"] == 2 * gathers["fsdp_zero2"] == 2 * results["fsdp_zero2"]["config"]["fsdp_units"]
+    assert gathers["fsdp_zero3"] == 2 * gathers["fsdp_zero2"] == 2 * results["fsdp_zero2"]["analysis"]["fsdp_units"]
 
 
 def test_phase_breakdown_names_each_strategys_phases(all_run):
@@ -110,7 +110,7 @@ def test_channels_last_survives_flat_buckets_and_fsdp_keeps_only_inputs_channels
     for strategy, result in results.items():
         fsdp = strategy.startswith("fsdp")
         assert result["config"]["memory_format"] == "channels_last"
-        assert result["config"]["parameter_memory_format"] == ("contiguous" if fsdp else "channels_last")
+        assert result["analysis"]["parameter_memory_format"] == ("contiguous" if fsdp else "channels_last")
         for layout in result["analysis"]["parameter_layout_per_rank"]:
             assert layout == {"conv_weights": 20, "channels_last": 0 if fsdp else 20}, strategy
 
