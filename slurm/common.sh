@@ -51,15 +51,12 @@ bench_has_arg() {
   return 1
 }
 
-# GPUs per node as Slurm allocated them. --gpus-per-node=[type:]N sets SLURM_GPUS_PER_NODE; --gres=gpu:N
-# and --gpus=N only set SLURM_GPUS_ON_NODE. Sites that hand out whole nodes without GPU accounting set
-# neither: then what CUDA_VISIBLE_DEVICES or nvidia-smi shows on this (the first) node counts.
-bench_gpus_per_node() {
+# GPUs on this (the job's first) node as Slurm allocated them: SLURM_GPUS_ON_NODE, whether they were asked
+# for with --gpus-per-node, --gres=gpu:N or --gpus. Sites that hand out whole nodes without GPU accounting
+# set none: then what CUDA_VISIBLE_DEVICES or nvidia-smi shows counts.
+bench_gpus_on_node() {
   local count
-  if [ -n "${SLURM_GPUS_PER_NODE:-}" ] && [ "${SLURM_GPUS_PER_NODE##*:}" != 0 ]; then
-    # Preferred over SLURM_GPUS_ON_NODE: with --exclusive Slurm allocates every GPU of the node there.
-    count=${SLURM_GPUS_PER_NODE##*:}
-  elif [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then
+  if [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then
     count=$SLURM_GPUS_ON_NODE
   elif [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
     local devices
@@ -70,7 +67,7 @@ bench_gpus_per_node() {
   else
     count=0
   fi
-  [[ $count =~ ^[0-9]+$ ]] || bench_die "cannot read the GPUs per node from SLURM_GPUS_PER_NODE=${SLURM_GPUS_PER_NODE:-}"
+  [[ $count =~ ^[0-9]+$ ]] || bench_die "cannot read the GPUs on the node (SLURM_GPUS_ON_NODE='${SLURM_GPUS_ON_NODE:-}')"
   echo "$count"
 }
 
@@ -98,13 +95,15 @@ bench_check_layout() {
     bench_die "--ntasks=$SLURM_NTASKS is not --nodes ($BENCH_NODES) x --ntasks-per-node ($BENCH_TASKS_PER_NODE): give only --nodes and --ntasks-per-node"
   fi
   if [ "$BENCH_DEVICE" = cuda ]; then
-    local gpus
-    gpus=$(bench_gpus_per_node)
+    local gpus requested
+    gpus=$(bench_gpus_on_node)
+    # --gpus-per-node=[type:]N; with --exclusive Slurm allocates every GPU of the node, more than asked for.
+    requested=${SLURM_GPUS_PER_NODE##*:}
     if (( gpus == 0 )); then
       bench_die "no GPU allocated to this job: submit with --gpus-per-node=$BENCH_TASKS_PER_NODE (or --gres=gpu:$BENCH_TASKS_PER_NODE where the site uses that), or set BENCH_DEVICE=cpu for a CPU run"
     elif (( gpus < BENCH_TASKS_PER_NODE )); then
       bench_die "$BENCH_TASKS_PER_NODE tasks per node but only $gpus GPU(s) per node: one task per GPU, so ask for --gpus-per-node=$BENCH_TASKS_PER_NODE or --ntasks-per-node=$gpus"
-    elif (( gpus > BENCH_TASKS_PER_NODE )); then
+    elif (( gpus > BENCH_TASKS_PER_NODE )) && [ "$requested" != "$BENCH_TASKS_PER_NODE" ]; then
       bench_die "$gpus GPUs per node but only $BENCH_TASKS_PER_NODE task(s) per node: one task per GPU, so ask for --ntasks-per-node=$gpus or --gpus-per-node=$BENCH_TASKS_PER_NODE"
     fi
   fi
@@ -211,10 +210,16 @@ bench_launch() {
   fi
   echo "== $BENCH_NAME: Slurm job $SLURM_JOB_ID on $BENCH_NODES node(s) x $BENCH_TASKS_PER_NODE task(s) ($BENCH_DEVICE), MASTER_ADDR=$MASTER_ADDR"
   echo "== $BENCH_PYTHON $script $*"
-  # --kill-on-bad-exit: one rank that dies takes the others down at once instead of leaving them waiting
-  # in a collective until the timeout.
-  srun --kill-on-bad-exit=1 --nodes="$BENCH_NODES" --ntasks-per-node="$BENCH_TASKS_PER_NODE" \
+  # --kill-on-bad-exit=0 (whatever the site's default): when one rank dies, the others notice within a
+  # step and write a result that says which rank failed and how; killing them at once would lose it.
+  srun --kill-on-bad-exit=0 --nodes="$BENCH_NODES" --ntasks-per-node="$BENCH_TASKS_PER_NODE" \
     "$BENCH_PYTHON" "$BENCH_ROOT/$script" "$@" || status=$?
-  echo "== srun exit status $status; result file: $BENCH_OUTPUT"
+  # One file, or one per strategy (<stem>-<strategy>.json) when oss_benchmark.py runs several.
+  local results
+  shopt -s nullglob
+  results=("$BENCH_OUTPUT" "${BENCH_OUTPUT%.json}"-*.json)
+  shopt -u nullglob
+  [ -f "${results[0]}" ] || results=("${results[@]:1}")
+  echo "== srun exit status $status; result file(s): ${results[*]:-none}"
   return "$status"
 }

@@ -5,6 +5,7 @@ Jobs are submitted exactly as a user would, `sbatch --wait slurm/<script>.sbatch
 GPUs that are only names (no device behind them), so that the scripts' GPU checks meet the values Slurm
 itself sets when it allocates GPUs. Without Slurm installed (CI installs it: .ci/run) these tests skip
 with the reason, except the sweep-composition tests at the end, which replace sbatch by a recorder.
+To watch the same cluster by hand: `python tests/slurm_cluster.py /tmp/slurm` (see its docstring).
 """
 import os
 import pathlib
@@ -24,6 +25,8 @@ CPU_JOB = ["--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0"]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     reason = missing_reason()
+    if reason and os.environ.get("BENCH_REQUIRE_SLURM") == "1":  # set by .ci/run once it has installed Slurm
+        pytest.fail(f"BENCH_REQUIRE_SLURM=1 but {reason}")
     if reason:
         pytest.skip(reason)
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
@@ -149,7 +152,7 @@ BAD_INPUT = {
                                                            "--gpus-per-node=1"], [], {},
                              "2 tasks per node but only 1 GPU(s) per node"),
     "more-gpus-than-tasks": ("slurm/ddp_resnet50.sbatch", ["--ntasks-per-node=1", "--cpus-per-task=1",
-                                                           "--gres=gpu:2"], [], {},
+                                                           "--gpus-per-node=2"], [], {},
                              "2 GPUs per node but only 1 task(s) per node"),
     "no-gpu": ("slurm/lightning_ddp_resnet50.sbatch", CPU_JOB, [], {}, "no GPU allocated to this job"),
     "weak-and-strong": ("slurm/ddp_resnet50.sbatch", CPU_JOB, [],
@@ -171,6 +174,17 @@ def test_bad_job_shape_stops_with_one_line(cluster, tmp_path, case):
     job = submit(cluster, tmp_path, script, options, args, timeout=60, **settings)
     assert job.id, job.describe()
     assert_stopped_before_srun(job.returncode, job.log, expected, tmp_path)
+
+
+def test_exclusive_gpu_job_passes_the_checks_and_reaches_the_benchmark(cluster, tmp_path):
+    # --exclusive hands the job both (name-only) GPUs of the node although it asked for one per node: a
+    # 1-GPU baseline on a reserved node is legitimate, so the checks let it through to srun. There the
+    # benchmark itself finds no CUDA device on this machine and stops with its own one-line error.
+    options = ["--exclusive", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=1"]
+    job = submit(cluster, tmp_path, "slurm/ddp_resnet50.sbatch", options, timeout=120)
+    assert f"Slurm job {job.id} on 1 node(s) x 1 task(s) (cuda)" in job.log, job.describe()
+    assert "ddp_resnet50.py: error: --device cuda needs a CUDA GPU and none is visible" in job.log, job.describe()
+    assert job.returncode == 2 and "Traceback" not in job.log
 
 
 def test_ntasks_without_ntasks_per_node_stops_with_one_line(cluster, tmp_path):
