@@ -70,7 +70,10 @@ NOT_OPTIONS = {"benchmark", "strategy", "device", "backend", "model", "image_siz
                # CPU runs: the cores shared out over the ranks, so it follows the world size.
                "cpu_threads_per_rank",
                # Lightning: its devices per node and nodes (the world), its precision name, its version.
-               "devices", "num_nodes", "trainer_precision", "lightning"}
+               "devices", "num_nodes", "trainer_precision", "lightning",
+               # oss_benchmark.py: the passes after the timed steps, the launch's other strategies, and the
+               # optimizer's arguments (lr and momentum, recorded on their own).
+               "phase_steps", "profile_steps", "trace_dir", "strategies_in_launch", "optimizer_kwargs"}
 
 # The fields this report reads, with the types it can work with (a subset of the schema).
 NUMBER, OPTIONAL_NUMBER = "number", "number or null"
@@ -301,15 +304,23 @@ def setup_of(config):
 
 
 def varying_options(runs):
-    """Per benchmark, the option names whose values differ between its results: only those are shown."""
-    values = defaultdict(lambda: defaultdict(set))
+    """Per benchmark and strategy, the option names whose values differ between its results: only those are
+    shown (an option that comes with a strategy, such as FSDP's unit count, says nothing the name does not)."""
+    names, values = defaultdict(set), defaultdict(lambda: defaultdict(set))
     for run in runs:
-        options = dict(run["config"].options)
-        for name in {name for other in runs if other["config"].benchmark == run["config"].benchmark
-                     for name, _ in other["config"].options}:
-            values[run["config"].benchmark][name].add(options.get(name))
-    return {benchmark: sorted(name for name, seen in names.items() if len(seen) > 1)
-            for benchmark, names in values.items()}
+        names[run["config"].benchmark, run["config"].strategy].update(dict(run["config"].options))
+    for run in runs:
+        which, options = (run["config"].benchmark, run["config"].strategy), dict(run["config"].options)
+        for name in names[which]:
+            values[which][name].add(options.get(name))
+    return {which: sorted(name for name, seen in by_name.items() if len(seen) > 1)
+            for which, by_name in values.items()}
+
+
+def options_agree(a, b):
+    """Options recorded on both sides are equal (a newer script may record more than an older one)."""
+    mine, theirs = dict(a.options), dict(b.options)
+    return all(mine[name] == theirs[name] for name in mine.keys() & theirs.keys())
 
 
 def scaling_series(rows, batch_mode):
@@ -327,7 +338,7 @@ def scaling_series(rows, batch_mode):
 
 
 def lightning_pairs(rows):
-    """(native ddp row, lightning_ddp row) of the same configuration, script options aside."""
+    """(native ddp row, lightning_ddp row) of the same configuration, the options both record equal."""
     def key(config):
         return config._replace(benchmark=None, strategy=None, options=None)
     native = defaultdict(list)
@@ -336,12 +347,14 @@ def lightning_pairs(rows):
             native[key(row["config"])].append(row)
     lightning = [row for row in rows if row["status"] == "ok" and
                  (row["config"].benchmark, row["config"].strategy) == (LIGHTNING, "lightning_ddp")]
-    return [(base, row) for row in lightning for base in native.get(key(row["config"]), [])]
+    return [(base, row) for row in lightning for base in native.get(key(row["config"]), [])
+            if options_agree(base["config"], row["config"])]
 
 
 def sharding_groups(rows):
     """oss_benchmark.py rows (failed ones included: an OOM is the point of a sharding table) grouped by
-    configuration apart from the strategy, each with its ok ddp row (the baseline) or None."""
+    configuration apart from the strategy; each row with its baseline, the ok ddp row whose options agree
+    with its own (e.g. the same bucket size), or None."""
     groups = defaultdict(list)
     for row in rows:
         if row["config"].benchmark == OSS:
@@ -351,7 +364,8 @@ def sharding_groups(rows):
         members.sort(key=lambda row: (strategy_rank(row["config"].strategy), order(row["config"]),
                                       row["status"] != "ok"))
         baselines = [row for row in members if row["status"] == "ok" and row["config"].strategy == "ddp"]
-        result.append((members, baselines[0] if baselines else None))
+        result.append([(row, next((base for base in baselines if options_agree(base["config"], row["config"])),
+                                  None)) for row in members])
     return result
 
 
@@ -406,8 +420,9 @@ def devices_text(config):
 
 
 def strategy_text(config, varying):
-    shown = [(name, value) for name, value in config.options if name in varying.get(config.benchmark, [])]
-    missing = [name for name in varying.get(config.benchmark, []) if name not in dict(config.options)]
+    differing = varying.get((config.benchmark, config.strategy), [])
+    shown = [(name, value) for name, value in config.options if name in differing]
+    missing = [name for name in differing if name not in dict(config.options)]
     details = [f"{name}={value.strip(chr(34))}" for name, value in shown] + [f"{name} unset" for name in missing]
     return config.strategy + (f" ({', '.join(details)})" if details else "")
 
@@ -461,45 +476,33 @@ def all_runs_table(rows, varying):
     return "\n\n".join(["**All configurations**", table(header, lines), *(["\n".join(failures)] if failures else [])])
 
 
-def weak_scaling_table(rows, varying):
+def scaling_table(rows, varying, batch_mode):
+    """Weak (per_device) or strong (global) scaling. Against the fewest GPUs of each series:
+    speed-up = T(N) / T(base), ideal = N / base, efficiency = speed-up / ideal (weak: T(N) / (N x T(1)))."""
     unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
-    for series in scaling_series(rows, "per_device"):
-        base = series[0]
-        for row in series:
-            config = row["config"]
-            speedup = row["images_per_second"] / base["images_per_second"]
-            efficiency = speedup * base["config"].world_size / config.world_size
-            lines.append([config.benchmark, strategy_text(config, varying), str(config.batch_size_per_device),
-                          devices_text(config), format_rate(row["images_per_second"]),
-                          format_rate(row["images_per_second"] / config.world_size), format_ratio(speedup),
-                          format_percent(efficiency)])
-    if not lines:
-        return None
-    header = ["benchmark", "strategy", f"batch (img/{unit})", units, "Throughput (img/s)",
-              f"Throughput per {unit} (img/s)", f"Speed-up vs fewest {units}", "Scaling efficiency"]
-    return "\n\n".join([f"**Weak scaling** (fixed batch per {unit}; efficiency = throughput at N / "
-                        f"(N × throughput at 1), against the fewest {units} measured where 1 is missing)",
-                        table(header, lines)])
-
-
-def strong_scaling_table(rows, varying):
-    unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
-    for series in scaling_series(rows, "global"):
+    weak = batch_mode == "per_device"
+    for series in scaling_series(rows, batch_mode):
         base = series[0]
         for row in series:
             config = row["config"]
             speedup = row["images_per_second"] / base["images_per_second"]
             ideal = config.world_size / base["config"].world_size
-            lines.append([config.benchmark, strategy_text(config, varying), f"{config.global_batch_size:,}",
-                          devices_text(config), str(config.batch_size_per_device),
-                          format_rate(row["images_per_second"]), format_ratio(speedup), format_ratio(ideal),
-                          format_percent(speedup / ideal)])
+            per_device, global_batch = str(config.batch_size_per_device), f"{config.global_batch_size:,}"
+            lines.append([config.benchmark, strategy_text(config, varying),
+                          per_device if weak else global_batch, devices_text(config),
+                          global_batch if weak else per_device, format_rate(row["images_per_second"]),
+                          format_rate(row["images_per_second"] / config.world_size), format_ratio(speedup),
+                          format_ratio(ideal), format_percent(speedup / ideal)])
     if not lines:
         return None
-    header = ["benchmark", "strategy", "global batch (img)", units, f"batch (img/{unit})", "Throughput (img/s)",
-              f"Speed-up vs fewest {units}", "Ideal speed-up", "Scaling efficiency"]
-    return "\n\n".join([f"**Strong scaling** (fixed global batch; speed-up = throughput at N / throughput at 1, "
-                        f"against the fewest {units} measured where 1 is missing)", table(header, lines)])
+    batches = [f"batch (img/{unit})", "global batch (img)"]
+    header = ["benchmark", "strategy", batches[not weak], units, batches[weak], "Throughput (img/s)",
+              f"Throughput per {unit} (img/s)", f"Speed-up vs fewest {units}", "Ideal speed-up",
+              "Scaling efficiency"]
+    title = (f"**Weak scaling** (fixed batch per {unit}; efficiency = throughput at N / (N × throughput at 1))"
+             if weak else "**Strong scaling** (fixed global batch; speed-up = throughput at N / throughput at 1)")
+    return "\n\n".join([f"{title[:-1]}; against the fewest {units} measured where 1 is missing)",
+                        table(header, lines)])
 
 
 def lightning_table(rows, varying):
@@ -525,12 +528,12 @@ def lightning_table(rows, varying):
 
 def sharding_table(rows, varying):
     unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
-    for members, baseline in sharding_groups(rows):
-        for row in members:
+    for group in sharding_groups(rows):
+        for row, baseline in group:
             config = row["config"]
             usable = baseline is not None and row["status"] == "ok" and row is not baseline
             speed = format_ratio(row["images_per_second"] / baseline["images_per_second"]) if usable else "–"
-            saved = "baseline" if row is baseline else "–"
+            saved = "baseline" if row is baseline else "n/a" if usable else "–"  # n/a: no memory counters
             if row is baseline:
                 speed = "baseline"
             elif usable and row["peak_allocated_mib"] is not None and baseline["peak_allocated_mib"]:
@@ -568,9 +571,10 @@ def render_markdown(runs, base, heading="###"):
     for setup in sorted(setups, key=order):
         setup_rows = setups[setup]
         parts += [f"{heading} {setup_title(setup)}", sources_text(setup_rows, base)]
-        parts += [text for text in (all_runs_table(setup_rows, varying), weak_scaling_table(setup_rows, varying),
-                                    strong_scaling_table(setup_rows, varying), lightning_table(setup_rows, varying),
-                                    sharding_table(setup_rows, varying)) if text]
+        tables = (all_runs_table(setup_rows, varying), scaling_table(setup_rows, varying, "per_device"),
+                  scaling_table(setup_rows, varying, "global"), lightning_table(setup_rows, varying),
+                  sharding_table(setup_rows, varying))
+        parts += [text for text in tables if text]
     return "\n\n".join(parts) + "\n"
 
 
@@ -723,10 +727,8 @@ def parse_tolerance(text):
 def same_configuration(current, reference):
     """Equal configurations, software versions aside; options only one side records are not compared
     (a newer script may record more)."""
-    if current._replace(torch=None, options=None) != reference._replace(torch=None, options=None):
-        return False
-    mine, theirs = dict(current.options), dict(reference.options)
-    return all(mine[name] == theirs[name] for name in mine.keys() & theirs.keys())
+    return (current._replace(torch=None, options=None) == reference._replace(torch=None, options=None)
+            and options_agree(current, reference))
 
 
 def describe(config):

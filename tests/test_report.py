@@ -1,7 +1,8 @@
 """report.py on real result files: tables, plots, the regression check, the README section and bad inputs.
 
-The fixtures under tests/fixtures/results/ were written by ddp_resnet50.py and lightning/ddp_resnet50.py in
-CPU runs (tests/fixtures/make_report_fixtures.sh). No benchmark runs here: every test reads files.
+The fixtures under tests/fixtures/results/ were written by ddp_resnet50.py, lightning/ddp_resnet50.py and
+oss_benchmark.py in CPU runs (tests/fixtures/make_report_fixtures.sh). No benchmark runs here: every test
+reads files.
 """
 import copy
 import json
@@ -50,30 +51,43 @@ def shown(value, like=None):
     return f"{value:,.0f}" if scale >= 100 else f"{value:,.1f}" if scale >= 10 else f"{value:.2f}"
 
 
-def with_memory(result, allocated_mib, strategy=None, benchmark=None):
-    """A CPU result given GPU-like peak memory figures (the CPU has no memory counters), optionally relabelled
-    as another benchmark's strategy: what the memory comparisons need and the CPU cannot measure."""
+def with_memory(result, allocated_mib):
+    """A CPU result given GPU-like peak memory figures: what the memory comparisons need and the CPU, which
+    has no memory counters, cannot measure. Everything else stays as the script wrote it."""
     result = copy.deepcopy(result)
     result["memory"]["peak_allocated_mib"] = allocated_mib
     result["memory"]["peak_reserved_mib"] = allocated_mib * 1.25
-    if benchmark:
-        result["benchmark"] = result["config"]["benchmark"] = benchmark
-    if strategy:
-        result["strategy"] = result["config"]["strategy"] = strategy
     return result
+
+
+def rate(name):
+    return fixture(name)["throughput"]["images_per_second"]
+
+
+def rank0_text(name):
+    """Rank 0's median throughput ± MAD as the report prints it."""
+    throughput = fixture(name)["throughput"]
+    median = throughput["rank0_median_images_per_second"]
+    return f"{shown(median)} ± {shown(throughput['rank0_mad_images_per_second'], like=median)}"
+
+
+SHARDING = ["ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "fsdp_zero2", "fsdp_zero3"]  # what gloo can run
 
 
 # ---------------------------------------------------------------------------- fixtures and tables
 
 def test_fixtures_are_real_results_of_the_schema():
     names = sorted(path.stem for path in FIXTURES.glob("*.json"))
-    assert names == ["lightning-weak-1proc", "lightning-weak-2proc", "native-desync-2proc", "native-strong-1proc",
-                     "native-strong-2proc", "native-weak-1proc", "native-weak-2proc-a", "native-weak-2proc-b"]
+    assert names == sorted(["lightning-weak-1proc", "lightning-weak-2proc", "native-desync-2proc",
+                            "native-strong-1proc", "native-strong-2proc", "native-weak-1proc", "native-weak-2proc-a",
+                            "native-weak-2proc-b", "oss-fsdp_zero3-oom", *[f"oss-{name}" for name in SHARDING]])
     for name in names:
         result = read_result(FIXTURES / f"{name}.json")
-        benchmark = {"native": "ddp_resnet50.py", "lightning": "lightning/ddp_resnet50.py"}[name.split("-")[0]]
+        benchmark = {"native": "ddp_resnet50.py", "lightning": "lightning/ddp_resnet50.py",
+                     "oss": "oss_benchmark.py"}[name.split("-")[0]]
         assert result["benchmark"] == benchmark and result["config"]["device"] == "cpu"
-    assert fixture("native-desync-2proc")["status"] == "desync"
+    assert fixture("native-desync-2proc")["status"] == "desync" and fixture("oss-fsdp_zero3-oom")["status"] == "oom"
+    assert fixture("oss-fsdp_zero3-oom")["hardware"] is None  # it failed before it looked at its hardware
 
 
 def test_markdown_table_aggregates_repeats_and_marks_failures():
@@ -81,7 +95,7 @@ def test_markdown_table_aggregates_repeats_and_marks_failures():
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     markdown = proc.stdout
     assert markdown.count("## CPU (") == 1  # one setup: every fixture ran on this CPU with one torch
-    rows = table_rows(markdown, "All configurations")
+    rows = [row for row in table_rows(markdown, "All configurations") if row[0] != "oss_benchmark.py"]
     header = markdown.split("**All configurations**", 1)[1].split("\n\n", 2)[1].splitlines()[0]
     assert ("| benchmark | strategy | processes | batch mode | batch (img/process) | global batch (img) | "
             "Median throughput (img/s) (rank 0) ± MAD | Throughput (img/s) | Peak memory (MiB) | runs | "
@@ -102,19 +116,10 @@ def test_markdown_table_aggregates_repeats_and_marks_failures():
     mad = statistics.median([a["rank0_mad_images_per_second"], b["rank0_mad_images_per_second"]])
     assert rows[3][6:11] == [f"{shown(rank0)} ± {shown(mad, like=rank0)}", shown(median), "n/a", "2",
                              f"{spread * 100:.1f} %"]
-    single = fixture("native-weak-1proc")["throughput"]
-    rank0, mad = single["rank0_median_images_per_second"], single["rank0_mad_images_per_second"]
-    assert rows[2][6:11] == [f"{shown(rank0)} ± {shown(mad, like=rank0)}", shown(single["images_per_second"]), "n/a",
-                             "1", "–"]
+    assert rows[2][6:11] == [rank0_text("native-weak-1proc"), shown(rate("native-weak-1proc")), "n/a", "1", "–"]
     failure = fixture("native-desync-2proc")["failure"]["message"]
     assert f"- ✗ desync in `native-desync-2proc.json`: {failure}" in markdown
-    assert "Results from `tests/fixtures/results` (8 files)." in markdown
-
-
-def rate(name):
-    return fixture(name)["throughput"]["images_per_second"]
-
-
+    assert "Results from `tests/fixtures/results` (15 files)." in markdown
 
 
 def test_scaling_tables_pair_runs_that_differ_only_in_world_size():
@@ -126,15 +131,15 @@ def test_scaling_tables_pair_runs_that_differ_only_in_world_size():
                                 ("lightning/ddp_resnet50.py", rate("lightning-weak-1proc"),
                                  rate("lightning-weak-2proc"))]:
         strategy = "ddp" if benchmark == "ddp_resnet50.py" else "lightning_ddp"
-        expected += [[benchmark, strategy, "4", "1", shown(one), shown(one), "1.00×", "100.0 %"],
-                     [benchmark, strategy, "4", "2", shown(two), shown(two / 2), f"{two / one:.2f}×",
+        expected += [[benchmark, strategy, "4", "1", "4", shown(one), shown(one), "1.00×", "1.00×", "100.0 %"],
+                     [benchmark, strategy, "4", "2", "8", shown(two), shown(two / 2), f"{two / one:.2f}×", "2.00×",
                       f"{two / (2 * one) * 100:.1f} %"]]  # efficiency = throughput at N / (N x throughput at 1)
     assert weak == expected
     strong = table_rows(markdown, "Strong scaling")
     one, two = rate("native-strong-1proc"), rate("native-strong-2proc")
     assert strong == [
-        ["ddp_resnet50.py", "ddp", "8", "1", "8", shown(one), "1.00×", "1.00×", "100.0 %"],
-        ["ddp_resnet50.py", "ddp", "8", "2", "4", shown(two), f"{two / one:.2f}×", "2.00×",
+        ["ddp_resnet50.py", "ddp", "8", "1", "8", shown(one), shown(one), "1.00×", "1.00×", "100.0 %"],
+        ["ddp_resnet50.py", "ddp", "8", "2", "4", shown(two), shown(two / 2), f"{two / one:.2f}×", "2.00×",
          f"{two / one / 2 * 100:.1f} %"]]
 
 
@@ -148,28 +153,34 @@ def test_lightning_table_pairs_the_twins_of_one_configuration():
                      f"{lightning / native:.2f}×", "n/a", "n/a", "–"] for size, native, lightning in pairs]
 
 
-def test_sharding_table_saves_memory_against_ddp(tmp_path):
-    """Stand-ins built from a real native result until oss_benchmark.py fixtures are generated (see
-    with_memory): the pairing with the ddp strategy and the memory arithmetic are what is under test."""
-    native = fixture("native-weak-2proc-a")
-    figures = {"ddp": 9000.0, "oss_ddp": 7000.0, "fsdp_zero3": 4500.0}
-    for strategy, mib in figures.items():
-        write(tmp_path / f"oss-{strategy}.json", with_memory(native, mib, strategy, "oss_benchmark.py"))
-    oom = copy.deepcopy(native)
-    oom.update(benchmark="oss_benchmark.py", strategy="zero1", status="oom", throughput=None, memory=None,
-               hardware=None, step_times_ms_per_rank=None,
-               failure={"kind": "oom", "rank": 0, "message": "OutOfMemoryError: CUDA out of memory"})
-    write(tmp_path / "oss-zero1-oom.json", oom)
-    markdown = run_report(tmp_path).stdout
-    sharding = table_rows(markdown, "Sharding strategies")
-    # In the order of how much each strategy shards; the OOM keeps its place with its status.
-    assert [(row[2], row[5], row[6], row[7], row[8]) for row in sharding] == [
-        ("ddp", "baseline", "9,000", "baseline", "ok"),
-        ("oss_ddp", "1.00×", "7,000", "2,000 MiB (22.2 %)", "ok"),
-        ("zero1", "–", "–", "–", "**✗ oom**"),
-        ("fsdp_zero3", "1.00×", "4,500", "4,500 MiB (50.0 %)", "ok")]
+def test_sharding_table_compares_every_strategy_with_ddp():
+    markdown = run_report(FIXTURES).stdout
+    rows = table_rows(markdown, "Sharding strategies")
+    baseline = rate("oss-ddp")
+    # In the order of how much each strategy shards; the OOM run after the ok run of its strategy.
+    assert [row[2:] for row in rows] == [
+        ["ddp", rank0_text("oss-ddp"), shown(baseline), "baseline", "n/a", "baseline", "ok"],
+        *[[name, rank0_text(f"oss-{name}"), shown(rate(f"oss-{name}")), f"{rate(f'oss-{name}') / baseline:.2f}×",
+           "n/a", "n/a", "ok"] for name in SHARDING[1:]],
+        ["fsdp_zero3", "–", "–", "–", "–", "–", "**✗ oom**"]]
     # The OOM run never saw its hardware: it joins its folder's CPU setup rather than a setup of its own.
     assert markdown.count("## CPU") == 1
+    assert "- ✗ oom in `oss-fsdp_zero3-oom.json`: OutOfMemoryError: CUDA out of memory" in markdown
+
+
+def test_sharding_table_memory_saved_against_ddp(tmp_path):
+    """The real oss_benchmark.py results with GPU-like memory figures (with_memory): the arithmetic."""
+    figures = {"ddp": 9000.0, "oss_ddp": 7000.0, "oss_sharded_ddp": 6500.0, "zero1": 7100.0, "fsdp_zero2": 5000.0,
+               "fsdp_zero3": 4500.0}
+    for name, mib in figures.items():
+        write(tmp_path / f"oss-{name}.json", with_memory(fixture(f"oss-{name}"), mib))
+    write(tmp_path / "oss-fsdp_zero3-oom.json", fixture("oss-fsdp_zero3-oom"))
+    rows = table_rows(run_report(tmp_path).stdout, "Sharding strategies")
+    assert [(row[2], row[6], row[7], row[8]) for row in rows] == [
+        ("ddp", "9,000", "baseline", "ok"), ("oss_ddp", "7,000", "2,000 MiB (22.2 %)", "ok"),
+        ("oss_sharded_ddp", "6,500", "2,500 MiB (27.8 %)", "ok"), ("zero1", "7,100", "1,900 MiB (21.1 %)", "ok"),
+        ("fsdp_zero2", "5,000", "4,000 MiB (44.4 %)", "ok"), ("fsdp_zero3", "4,500", "4,500 MiB (50.0 %)", "ok"),
+        ("fsdp_zero3", "–", "–", "**✗ oom**")]
 
 
 def test_options_that_differ_split_configurations_and_are_shown(tmp_path):
@@ -202,9 +213,8 @@ def test_plots_are_written_as_png(tmp_path):
     inputs = tmp_path / "inputs"
     for path in FIXTURES.glob("*.json"):
         write(inputs / path.name, json.loads(path.read_text()))
-    for strategy, mib in {"ddp": 9000.0, "zero1": 6000.0}.items():
-        write(inputs / f"oss-{strategy}.json", with_memory(fixture("native-weak-2proc-a"), mib, strategy,
-                                                            "oss_benchmark.py"))
+    for name, mib in {"ddp": 9000.0, "zero1": 6000.0, "fsdp_zero3": 4500.0}.items():
+        write(inputs / f"oss-{name}.json", with_memory(fixture(f"oss-{name}"), mib))
     plots = tmp_path / "plots"
     proc = run_report(inputs, "--plots", plots)
     assert proc.returncode == 0, proc.stderr
