@@ -624,6 +624,10 @@ def write_plots(runs, directory):
     return written, notes
 
 
+def tick_text(value, _position):
+    return f"{value:,.0f}" if abs(value) >= 10 or value == 0 else f"{value:g}"
+
+
 def plot_scaling(plt, rows, varying, title):
     panels = [(mode, series) for mode, series in (("per_device", scaling_series(rows, "per_device")),
                                                   ("global", scaling_series(rows, "global"))) if series]
@@ -646,13 +650,14 @@ def plot_scaling(plt, rows, varying, title):
             axis.plot(sizes, rates, "o-", color=color,
                       label=f"{config.benchmark} · {strategy_text(config, varying)} · {batch}")
             ideal = [base["images_per_second"] * size / config.world_size for size in sizes]
-            axis.plot(sizes, ideal, "--", color=color, alpha=0.6, label="ideal (linear from the fewest)")
+            # One legend entry says what every dashed line is.
+            axis.plot(sizes, ideal, "--", color=color, alpha=0.6,
+                      label=f"ideal: linear from the fewest {units} (dashed, same colour)" if index == 0 else None)
         axis.set_xticks(sorted(counts))
-        axis.set_xlabel(f"{units.capitalize()} (world size)")
+        axis.set_xlabel(f"{units[0].upper()}{units[1:]} (world size)")
         axis.set_ylabel("Throughput (images/s, all ranks)")
         axis.set_ylim(bottom=0)
-        axis.yaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 10
-                                                         else f"{value:g}"))
+        axis.yaxis.set_major_formatter(plt.FuncFormatter(tick_text))
         axis.grid(alpha=0.3)
         axis.set_title("Weak scaling (fixed batch per device)" if mode == "per_device"
                        else "Strong scaling (fixed global batch)", fontsize=10)
@@ -678,11 +683,19 @@ def plot_step_times(plt, rows, varying, title):
                     [f"{row_label(row['config'], varying)} (n={len(row['step_times_ms'])})" for row in reversed(shown)],
                     fontsize=8)
     axis.set_xlabel("Step time (ms), every timed step of every rank and repeat")
-    axis.set_xlim(left=0)
+    medians = [statistics.median(row["step_times_ms"]) for row in shown]
+    if max(medians) > 5 * min(medians):  # strong scaling spans N-fold step times: keep every box readable
+        axis.set_xscale("log")
+        everything = [t for row in shown for t in row["step_times_ms"] if t > 0]
+        narrow = max(everything) < 10 * min(everything)  # within a decade: finer labelled ticks
+        axis.xaxis.set_major_locator(plt.LogLocator(subs=(1, 1.5, 2, 3, 5, 7) if narrow else (1, 2, 5)))
+        axis.xaxis.set_minor_formatter(plt.NullFormatter())
+    else:
+        axis.set_xlim(left=0)
     axis.grid(axis="x", alpha=0.3)
     axis.plot([], [], color="tab:orange", label="median")
     axis.plot([], [], "^", markerfacecolor="white", markeredgecolor="black", label="mean")
-    axis.xaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    axis.xaxis.set_major_formatter(plt.FuncFormatter(tick_text))
     figure.legend(fontsize=8, loc="outside lower center", ncols=2)
     axis.set_title(f"Per-step time distributions (box: quartiles, whiskers: 1.5 × IQR)\n{title}", fontsize=10)
     return figure
@@ -705,7 +718,7 @@ def plot_memory(plt, rows, varying, title):
     axis.set_yticks(positions, [row_label(row["config"], varying) for row in shown], fontsize=8)
     axis.set_xlabel("Peak memory per rank (MiB, largest over the ranks)")
     axis.set_xlim(0, max(reserved + allocated) * 1.15)
-    axis.xaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    axis.xaxis.set_major_formatter(plt.FuncFormatter(tick_text))
     axis.grid(axis="x", alpha=0.3)
     figure.legend(fontsize=8, loc="outside lower center", ncols=2)
     axis.set_title(f"Peak GPU memory per strategy\n{title}", fontsize=10)
