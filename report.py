@@ -76,13 +76,17 @@ NOT_OPTIONS = {"benchmark", "strategy", "device", "backend", "model", "image_siz
                "phase_steps", "profile_steps", "trace_dir", "strategies_in_launch", "optimizer_kwargs"}
 
 # The fields this report reads, with the types it can work with (a subset of the schema).
-NUMBER, OPTIONAL_NUMBER = "number", "number or null"
+NUMBER, OPTIONAL_NUMBER, POSITIVE_INT = "number", "number or null", "positive integer"
 REQUIRED_FIELDS = [
     ("benchmark", str), ("strategy", str), ("status", str), ("config", dict), ("world", dict),
-    ("config.device", str), ("config.image_size", int), ("config.batch_mode", str),
-    ("config.batch_size_per_device", int), ("config.global_batch_size", int), ("config.precision", str),
-    ("config.memory_format", str), ("config.optimizer", str), ("world.world_size", int), ("world.num_nodes", int),
+    ("config.device", str), ("config.image_size", POSITIVE_INT), ("config.batch_mode", str),
+    ("config.batch_size_per_device", POSITIVE_INT), ("config.global_batch_size", POSITIVE_INT),
+    ("config.precision", str), ("config.memory_format", str), ("config.optimizer", str),
+    ("world.world_size", POSITIVE_INT), ("world.num_nodes", POSITIVE_INT),
 ]
+# An ok result is compared with others: it needs its throughput figures.
+OK_FIELDS = ["throughput.images_per_second", "throughput.rank0_median_images_per_second",
+             "throughput.rank0_mad_images_per_second"]
 OPTIONAL_FIELDS = [
     ("config.model", str), ("config.compile_mode", str), ("software", dict), ("software.torch", str),
     ("hardware", dict), ("hardware.ranks", list), ("hardware.cpu", str), ("failure", dict),
@@ -140,6 +144,8 @@ def has_type(value, expected):
         return is_number(value)
     if expected == OPTIONAL_NUMBER:
         return value is None or is_number(value)
+    if expected == POSITIVE_INT:
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
     return isinstance(value, expected) and not (expected is int and isinstance(value, bool))
 
 
@@ -163,8 +169,12 @@ def problem_with(result):
         return f"status {result['status']!r} is none of {', '.join(STATUSES)}"
     if result["config"]["batch_mode"] not in ("per_device", "global"):
         return f"config.batch_mode {result['config']['batch_mode']!r} is neither per_device nor global"
-    if result["status"] == "ok" and not isinstance(result.get("throughput"), dict):
-        return "status ok but no throughput"
+    if result["status"] == "ok":
+        missing = [dotted for dotted in OK_FIELDS if lookup(result, dotted) is KeyError]
+        if missing:
+            return f"status ok but {missing[0]} is missing"
+        if not result["throughput"]["images_per_second"] > 0:
+            return "status ok but throughput.images_per_second is not positive"
     per_rank = result.get("step_times_ms_per_rank") or []
     if not all(isinstance(times, list) and all(is_number(t) for t in times) for times in per_rank):
         return "step_times_ms_per_rank is not a list of lists of numbers"

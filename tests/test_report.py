@@ -323,6 +323,12 @@ def test_files_that_are_not_results_are_skipped_with_one_warning_each(tmp_path):
     truncated = fixture("native-weak-1proc")
     del truncated["config"]["batch_mode"]
     write(tmp_path / "truncated.json", truncated)
+    empty_world = fixture("native-weak-1proc")
+    empty_world["world"]["world_size"] = 0
+    write(tmp_path / "empty-world.json", empty_world)
+    unmeasured = fixture("native-weak-1proc")
+    unmeasured["throughput"] = None
+    write(tmp_path / "unmeasured.json", unmeasured)
     (tmp_path / "README.md").write_text("not read: folders give only their *.json files")
     write(tmp_path / ".tmp-half-written.json", {})  # a run still writing its result: hidden, left alone
     write(tmp_path / "good.json", fixture("native-weak-1proc"))
@@ -332,6 +338,10 @@ def test_files_that_are_not_results_are_skipped_with_one_warning_each(tmp_path):
     assert sorted(warnings) == sorted([
         f"report.py: warning: input {tmp_path / 'broken.json'}: skipped: throughput.images_per_second is "
         "'fast', not a number",
+        f"report.py: warning: input {tmp_path / 'empty-world.json'}: skipped: world.world_size is 0, not a positive "
+        "integer",
+        f"report.py: warning: input {tmp_path / 'unmeasured.json'}: skipped: status ok but "
+        "throughput.images_per_second is missing",
         f"report.py: warning: input {tmp_path / 'list.json'}: skipped: not a benchmark result (no schema_version)",
         f"report.py: warning: input {tmp_path / 'newer.json'}: skipped: schema_version 2, this report reads "
         "version 1",
