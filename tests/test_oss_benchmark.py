@@ -8,7 +8,7 @@ import pytest
 
 from conftest import OSS, SMALL, clean_env, load_script, one_error_line, read_result, run_script
 
-GLOO_STRATEGIES = ["ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "fsdp_zero2", "fsdp_zero3"]
+GLOO_STRATEGIES = ["ddp", "zero1", "fsdp_zero2", "fsdp_zero3", "oss_ddp", "oss_sharded_ddp"]  # the run order
 # SMALL, shortened: six strategies in one launch must stay well inside the suite's time on 2 CPU cores.
 TINY = [*SMALL, "--batch-size-per-device", "2", "--warmup-steps", "1", "--steps", "2", "--phase-steps", "1",
         "--profile-steps", "1"]
@@ -205,6 +205,8 @@ def test_fairscale_is_only_needed_by_its_strategies(script, monkeypatch):
     monkeypatch.setattr(script, "fairscale_import_error", lambda: "ImportError: hidden")
     args, explicit = script.parse_arguments(["--device", "cpu", "--strategy", "ddp,zero1,fsdp_zero2"])
     assert script.resolve_strategies(args, explicit) == (["ddp", "zero1", "fsdp_zero2"], [])
+    assert script.optimizer_arguments({"optimizer": "sgd", "lr": 0.1, "momentum": 0.9}) == \
+        ({"lr": 0.1, "momentum": 0.9, "foreach": True}, "foreach")  # FSDP2 has no fused SGD
     args, explicit = script.parse_arguments(["--device", "cpu"])
     with pytest.raises(script.UsageError, match="oss_ddp,oss_sharded_ddp needs fairscale"):
         script.resolve_strategies(args, explicit)
