@@ -59,9 +59,9 @@ bench_gpus_on_node() {
   if [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then
     count=$SLURM_GPUS_ON_NODE
   elif [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
-    local devices
-    IFS=, read -r -a devices <<<"$CUDA_VISIBLE_DEVICES"
-    count=${#devices[@]}
+    local visible
+    IFS=, read -r -a visible <<<"$CUDA_VISIBLE_DEVICES"
+    count=${#visible[@]}
   elif command -v nvidia-smi >/dev/null 2>&1; then
     count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   else

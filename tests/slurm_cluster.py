@@ -147,8 +147,10 @@ MpiDefault=none
 # GPUs are a known resource type, so `--gpus-per-node=0` is understood; the node has fake_gpus of them.
 GresTypes=gpu
 ReturnToService=2
-# Finished jobs stay visible to scontrol for a while (there is no accounting database for sacct).
-MinJobAge=600
+# `sbatch --wait` polls after 2 s, then 4x longer each time up to 32 s, but only while that stays below half
+# of MinJobAge (so that it cannot miss a purged job): 5 keeps it polling every 2 s instead of finishing a
+# 30 s job after 42 s. Finished jobs are purged 5-60 s after they end; the tests read result files instead.
+MinJobAge=5
 {node}{gres} State=UNKNOWN
 PartitionName=debug Nodes={hostname} Default=YES MaxTime=INFINITE State=UP
 """)

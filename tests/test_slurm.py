@@ -42,7 +42,7 @@ def results_dir(tmp_path_factory):
 
 def job_env(cluster, results_dir, **settings):
     """A fresh shell's environment pointed at the test cluster, the venv's python and a temporary results folder."""
-    return cluster.env(clean_env(BENCH_PYTHON=sys.executable, BENCH_RESULTS_DIR=str(results_dir), **settings))
+    return cluster.env(clean_env(**{"BENCH_PYTHON": sys.executable, "BENCH_RESULTS_DIR": str(results_dir), **settings}))
 
 
 class Job:
@@ -104,6 +104,21 @@ def test_lightning_sbatch_runs_two_slurm_tasks(cluster, results_dir):
     assert_slurm_result(job, path, "lightning/ddp_resnet50.py", 2)
     # --devices and --num-nodes came from the job's shape.
     assert "--devices 2 --num-nodes 1" in job.log
+
+
+def test_lightning_script_inside_salloc_runs_one_world(cluster, results_dir):
+    # salloc names its job "interactive" (or after its command), and Lightning takes such a job for an
+    # interactive session: without the script's renaming every task would start a 2-process world of its own.
+    proc = subprocess.run(["salloc", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0", "bash",
+                           "slurm/lightning_ddp_resnet50.sbatch"], capture_output=True, text=True, timeout=240,
+                          cwd=ROOT, env=job_env(cluster, results_dir, BENCH_DEVICE="cpu", BENCH_RUN_NAME="salloc"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = re.search(r"Granted job allocation (\d+)", proc.stderr).group(1)
+    path = results_dir / "salloc" / f"lightning_ddp_resnet50-1n2cpu-job{job_id}.json"
+    assert proc.stdout.count("result: ok ->") == 1, proc.stdout
+    result = read_result(path)
+    assert result["world"]["launcher"] == "slurm" and result["world"]["world_size"] == 2
+    assert result["world"]["slurm_job_id"] == job_id and result["checks"]["parameters_synchronized"] is True
 
 
 def test_strong_scaling_sweep_keeps_the_global_batch(cluster, results_dir):
@@ -176,15 +191,17 @@ def test_bad_job_shape_stops_with_one_line(cluster, tmp_path, case):
     assert_stopped_before_srun(job.returncode, job.log, expected, tmp_path)
 
 
-def test_exclusive_gpu_job_passes_the_checks_and_reaches_the_benchmark(cluster, tmp_path):
+def test_exclusive_gpu_job_passes_the_checks_and_reaches_srun(cluster, tmp_path):
     # --exclusive hands the job both (name-only) GPUs of the node although it asked for one per node: a
-    # 1-GPU baseline on a reserved node is legitimate, so the checks let it through to srun. There the
-    # benchmark itself finds no CUDA device on this machine and stops with its own one-line error.
+    # 1-GPU baseline on a reserved node is legitimate, so the checks let it through to srun. `echo` stands in
+    # for python here: it shows the one task srun started and the arguments the benchmark would have got.
     options = ["--exclusive", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=1"]
-    job = submit(cluster, tmp_path, "slurm/ddp_resnet50.sbatch", options, timeout=120)
+    job = submit(cluster, tmp_path, "slurm/ddp_resnet50.sbatch", options, timeout=60, BENCH_PYTHON="echo")
+    assert job.returncode == 0, job.describe()
     assert f"Slurm job {job.id} on 1 node(s) x 1 task(s) (cuda)" in job.log, job.describe()
-    assert "ddp_resnet50.py: error: --device cuda needs a CUDA GPU and none is visible" in job.log, job.describe()
-    assert job.returncode == 2 and "Traceback" not in job.log
+    launched = [line for line in job.log.splitlines() if line.startswith(f"{ROOT}/ddp_resnet50.py ")]
+    assert launched == [f"{ROOT}/ddp_resnet50.py --device cuda --output {tmp_path}/ddp_resnet50/"
+                        f"ddp_resnet50-1n1gpu-job{job.id}.json"], job.describe()
 
 
 def test_ntasks_without_ntasks_per_node_stops_with_one_line(cluster, tmp_path):
