@@ -170,6 +170,8 @@ BAD_INPUT = {
                                                            "--gpus-per-node=2"], [], {},
                              "2 GPUs per node but only 1 task(s) per node"),
     "no-gpu": ("slurm/lightning_ddp_resnet50.sbatch", CPU_JOB, [], {}, "no GPU allocated to this job"),
+    "ntasks-not-nodes-times-per-node": ("slurm/ddp_resnet50.sbatch", ["--ntasks=1", *CPU_JOB], [],
+                                        {"BENCH_DEVICE": "cpu"}, "--ntasks=1 is not --nodes (1) x --ntasks-per-node (2)"),
     "weak-and-strong": ("slurm/ddp_resnet50.sbatch", CPU_JOB, [],
                         {"BENCH_DEVICE": "cpu", "BENCH_BATCH_SIZE_PER_DEVICE": "4", "BENCH_GLOBAL_BATCH_SIZE": "8"},
                         "set BENCH_BATCH_SIZE_PER_DEVICE (weak scaling) or BENCH_GLOBAL_BATCH_SIZE"),
