@@ -160,6 +160,9 @@ def resolve_ddp_options(args, config, world_size):
         if config["compile_mode"] in ("reduce-overhead", "max-autotune"):
             raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
                              f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
+        if config["grad_scaler"]:
+            raise UsageError("--cuda-graphs needs --precision bf16 or fp32: fp16's GradScaler reads found_inf on "
+                             "the host every step, which a captured graph cannot do")
         needed = 12 if world_size > 1 else 2
         if config["warmup_steps"] < needed:
             raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
@@ -167,6 +170,14 @@ def resolve_ddp_options(args, config, world_size):
     if args.compiled_ddp:
         torch._dynamo.config.optimize_ddp = args.compiled_ddp
         torch._dynamo.config.compiled_autograd = args.compiled_ddp == "python_reducer"
+
+
+def sgd_implementation(config):
+    """Fused SGD (one launch for all tensors) on the GPU, except with fp16's GradScaler: in torch 2.11 the
+    fused kernel still advances the momentum on the overflow steps the scaler skips, and the weights blow up
+    (seen on the H200; https://github.com/LibreYOLO/libreyolo/pull/771). The unfused path that the scaler
+    then needs reads found_inf on the host once per step."""
+    return "fused" if config["device"] == "cuda" and not config["grad_scaler"] else "foreach"
 
 
 def parse_slurm_tasks_per_node(text):
@@ -420,6 +431,17 @@ def peak_tflops(gpu_name, precision):
     return None
 
 
+def json_safe(value):
+    """NaN and infinity are not JSON: a diverged loss is written as null (checks.loss_finite says why)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
 def write_json_atomically(path, payload):
     """Temporary file in the target directory, fsync, rename: readers see no file or the whole file."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -427,7 +449,7 @@ def write_json_atomically(path, payload):
     handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
     try:
         with os.fdopen(handle, "w") as stream:
-            json.dump(payload, stream, indent=1, allow_nan=False)
+            json.dump(json_safe(payload), stream, indent=1, allow_nan=False)
             stream.write("\n")
             stream.flush()
             os.fsync(stream.fileno())
@@ -747,7 +769,9 @@ def finish_run(result, record, monitor, build_model, wall_start):
         result.update(status="desync", failure={"kind": "desync", "rank": None,
                                                 "message": f"parameters differ across ranks by up to {largest:.3g}"})
     elif not checks["loss_finite"]:
-        result.update(status="desync", failure={"kind": "desync", "rank": None, "message": "the loss is not finite"})
+        first = next(i for i, v in enumerate(records[0]["losses"]) if not math.isfinite(v)) + 1
+        result.update(status="error", failure={"kind": "error", "rank": None,
+                                               "message": f"the loss is not finite from step {first} on rank 0"})
     else:
         result["status"] = "ok"
     result["wall_time_s"] = time.perf_counter() - wall_start
@@ -830,10 +854,8 @@ def build_model():
 
 
 def make_optimizer(parameters, config):
-    # The fused kernel updates every tensor in one launch and, with a GradScaler, skips the host sync
-    # that the unfused path needs to look for infs.
     return torch.optim.SGD(parameters, lr=config["lr"], momentum=config["momentum"],
-                           fused=config["device"] == "cuda")
+                           fused=config["optimizer_impl"] == "fused")
 
 
 def train_step(model, optimizer, scaler, images, labels, config):
@@ -863,7 +885,7 @@ def main(argv=None):
     bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
     config = resolve_harness_config(args, launch, STRATEGY, cuda_available, device_count, bf16_supported)
     resolve_ddp_options(args, config, launch["world_size"])
-    config.update(model="resnet50", optimizer="sgd", optimizer_impl="fused" if config["device"] == "cuda" else "foreach")
+    config.update(model="resnet50", optimizer="sgd", optimizer_impl=sgd_implementation(config))
     if config["cuda_graphs"]:  # NCCL's watchdog must not poll work that lives inside a captured graph
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
     rank, world_size = launch["rank"], launch["world_size"]

@@ -166,6 +166,9 @@ def resolve_ddp_options(args, config, world_size):
         if config["compile_mode"] in ("reduce-overhead", "max-autotune"):
             raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
                              f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
+        if config["grad_scaler"]:
+            raise UsageError("--cuda-graphs needs --precision bf16 or fp32: fp16's GradScaler reads found_inf on "
+                             "the host every step, which a captured graph cannot do")
         needed = 12 if world_size > 1 else 2
         if config["warmup_steps"] < needed:
             raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
@@ -173,6 +176,14 @@ def resolve_ddp_options(args, config, world_size):
     if args.compiled_ddp:
         torch._dynamo.config.optimize_ddp = args.compiled_ddp
         torch._dynamo.config.compiled_autograd = args.compiled_ddp == "python_reducer"
+
+
+def sgd_implementation(config):
+    """Fused SGD (one launch for all tensors) on the GPU, except with fp16's GradScaler: in torch 2.11 the
+    fused kernel still advances the momentum on the overflow steps the scaler skips, and the weights blow up
+    (seen on the H200; https://github.com/LibreYOLO/libreyolo/pull/771). The unfused path that the scaler
+    then needs reads found_inf on the host once per step."""
+    return "fused" if config["device"] == "cuda" and not config["grad_scaler"] else "foreach"
 
 
 def parse_slurm_tasks_per_node(text):
@@ -426,6 +437,17 @@ def peak_tflops(gpu_name, precision):
     return None
 
 
+def json_safe(value):
+    """NaN and infinity are not JSON: a diverged loss is written as null (checks.loss_finite says why)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
 def write_json_atomically(path, payload):
     """Temporary file in the target directory, fsync, rename: readers see no file or the whole file."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -433,7 +455,7 @@ def write_json_atomically(path, payload):
     handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
     try:
         with os.fdopen(handle, "w") as stream:
-            json.dump(payload, stream, indent=1, allow_nan=False)
+            json.dump(json_safe(payload), stream, indent=1, allow_nan=False)
             stream.write("\n")
             stream.flush()
             os.fsync(stream.fileno())
@@ -753,7 +775,9 @@ def finish_run(result, record, monitor, build_model, wall_start):
         result.update(status="desync", failure={"kind": "desync", "rank": None,
                                                 "message": f"parameters differ across ranks by up to {largest:.3g}"})
     elif not checks["loss_finite"]:
-        result.update(status="desync", failure={"kind": "desync", "rank": None, "message": "the loss is not finite"})
+        first = next(i for i, v in enumerate(records[0]["losses"]) if not math.isfinite(v)) + 1
+        result.update(status="error", failure={"kind": "error", "rank": None,
+                                               "message": f"the loss is not finite from step {first} on rank 0"})
     else:
         result["status"] = "ok"
     result["wall_time_s"] = time.perf_counter() - wall_start
@@ -830,6 +854,9 @@ def parse_arguments(argv=None):
     add_ddp_arguments(parser, cuda_graphs=False)  # Lightning owns the step: no whole-step capture
     parser.add_argument("--devices", type=positive_int, default=1, help="devices (processes) per node")
     parser.add_argument("--num-nodes", type=positive_int, default=1, help="nodes")
+    parser.add_argument("--lightning-sigterm-sync", action="store_true",
+                        help="keep Lightning's own per-step SIGTERM check, a broadcast that the host reads back "
+                             "(a device sync every step); by default the harness's host-side check replaces it")
     return parser.parse_args(argv)
 
 
@@ -880,7 +907,7 @@ def build_model():
 
 def make_optimizer(parameters, config):
     return torch.optim.SGD(parameters, lr=config["lr"], momentum=config["momentum"],
-                           fused=config["device"] == "cuda")
+                           fused=config["optimizer_impl"] == "fused")
 
 
 class ResNet50Benchmark(L.LightningModule):
@@ -913,6 +940,11 @@ class ResNet50Benchmark(L.LightningModule):
     def on_train_start(self):
         # Lightning's SIGTERM handler broadcasts from inside the handler; ours agrees after a step instead.
         self.stop.install()
+        if not self.config["lightning_sigterm_sync"] and self.trainer.world_size > 1:
+            # Lightning 2.5+ broadcasts a SIGTERM flag from rank 0 before every step and reads it on the host
+            # (_TrainingEpochLoop._broadcast_sigterm_tensor): a device sync per step. The harness's host-side
+            # agreement above already stops every rank on SIGTERM, so this run's loop skips that broadcast.
+            self.trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
         self.images, self.labels = make_synthetic_batch(self.config, self.global_rank, self.device)
         self.timer = StepTimer(self.device, self.config["steps"])
         self.record = {"rank": self.global_rank, "steps_run": 0, "signal": 0}
@@ -982,8 +1014,8 @@ def main(argv=None):
     bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
     config = resolve_harness_config(args, launch, STRATEGY, cuda_available, device_count, bf16_supported)
     resolve_ddp_options(args, config, launch["world_size"])
-    config.update(model="resnet50", optimizer="sgd", optimizer_impl="fused" if config["device"] == "cuda" else "foreach",
-                  devices=args.devices, num_nodes=args.num_nodes,
+    config.update(model="resnet50", optimizer="sgd", optimizer_impl=sgd_implementation(config),
+                  lightning_sigterm_sync=args.lightning_sigterm_sync, devices=args.devices, num_nodes=args.num_nodes,
                   trainer_precision=resolve_trainer_precision(config["precision"]),
                   lightning=package_version("lightning"))
     rank, world_size = launch["rank"], launch["world_size"]

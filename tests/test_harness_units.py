@@ -141,10 +141,12 @@ def test_atomic_write_leaves_no_partial_file(native, tmp_path):
     target = tmp_path / "sub" / "result.json"
     native.write_json_atomically(str(target), {"a": 1})
     assert json.loads(target.read_text()) == {"a": 1}
-    with pytest.raises(ValueError):  # NaN is not JSON: the dump fails half-way
-        native.write_json_atomically(str(target), {"a": 2, "b": [1.0] * 1000 + [math.nan]})
+    with pytest.raises(TypeError):  # not serialisable: the dump fails half-way through the file
+        native.write_json_atomically(str(target), {"a": 2, "b": [1.0] * 1000 + [object()]})
     assert json.loads(target.read_text()) == {"a": 1}
     assert os.listdir(target.parent) == ["result.json"]
+    native.write_json_atomically(str(target), {"loss": [1.5, math.nan, math.inf]})  # a diverged run
+    assert json.loads(target.read_text()) == {"loss": [1.5, None, None]}
 
 
 def test_checksums_detect_a_changed_replica(native):

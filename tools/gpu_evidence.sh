@@ -85,6 +85,28 @@ section_compile() {
     --compile "${graphs[@]}"
 }
 
+section_round2() {  # fixes and open questions after the first round (see docs/gpu-notes.md)
+  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
+  # launch-bound configurations alone on the machine: a neighbour's host thread disturbs them
+  bench native-1gpu-bf16-32-solo 0 120 "$PY" ddp_resnet50.py --batch-size-per-device 32 "${STEPS[@]}"
+  bench lightning-1gpu-bf16-32-solo 0 120 "$PY" lightning/ddp_resnet50.py --batch-size-per-device 32 "${STEPS[@]}"
+  bench lightning-2gpu-bf16-256-d 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 "${STEPS[@]}"
+  bench lightning-2gpu-bf16-32-d 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 --batch-size-per-device 32 \
+    "${STEPS[@]}"
+  bench lightning-2gpu-bf16-256-sigterm-sync 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 \
+    --lightning-sigterm-sync "${STEPS[@]}"
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV bench native-2gpu-bf16-256-bucket-view 0,1 120 "${TWO[@]}" \
+    ddp_resnet50.py --gradient-as-bucket-view "${STEPS[@]}"
+  bench native-2gpu-bf16-256-bucket-100 0,1 120 "${TWO[@]}" ddp_resnet50.py --bucket-cap-mb 100 "${STEPS[@]}"
+  section_oom
+  pair "native-1gpu-fp16-256-d 120 ddp_resnet50.py --precision fp16 ${STEPS[*]}" \
+       "native-1gpu-fp16-256-compile 300 ddp_resnet50.py --precision fp16 --compile ${STEPS[*]}"
+  pair "native-1gpu-bf16-256-compile-graphs 300 ddp_resnet50.py --compile ${graphs[*]}" \
+       "native-1gpu-bf16-32-compile-graphs 300 ddp_resnet50.py --batch-size-per-device 32 --compile ${graphs[*]}"
+  bench native-2gpu-bf16-32-compile-graphs 0,1 300 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 32 \
+    --compile "${graphs[@]}"
+}
+
 section_sharding() {
   local opt
   for opt in sgd adam; do
