@@ -209,6 +209,9 @@ def resolve_ddp_options(args, config, world_size):
         if config["compile_mode"] in ("reduce-overhead", "max-autotune"):
             raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
                              f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
+        if config["grad_scaler"]:
+            raise UsageError("--cuda-graphs needs --precision bf16 or fp32: fp16's GradScaler reads found_inf on "
+                             "the host every step, which a captured graph cannot do")
         needed = 12 if world_size > 1 else 2
         if config["warmup_steps"] < needed:
             raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
@@ -216,6 +219,14 @@ def resolve_ddp_options(args, config, world_size):
     if args.compiled_ddp:
         torch._dynamo.config.optimize_ddp = args.compiled_ddp
         torch._dynamo.config.compiled_autograd = args.compiled_ddp == "python_reducer"
+
+
+def sgd_implementation(config):
+    """Fused SGD (one launch for all tensors) on the GPU, except with fp16's GradScaler: in torch 2.11 the
+    fused kernel still advances the momentum on the overflow steps the scaler skips, and the weights blow up
+    (seen on the H200; https://github.com/LibreYOLO/libreyolo/pull/771). The unfused path that the scaler
+    then needs reads found_inf on the host once per step."""
+    return "fused" if config["device"] == "cuda" and not config["grad_scaler"] else "foreach"
 
 
 def parse_slurm_tasks_per_node(text):
@@ -469,6 +480,17 @@ def peak_tflops(gpu_name, precision):
     return None
 
 
+def json_safe(value):
+    """NaN and infinity are not JSON: a diverged loss is written as null (checks.loss_finite says why)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
 def write_json_atomically(path, payload):
     """Temporary file in the target directory, fsync, rename: readers see no file or the whole file."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -476,7 +498,7 @@ def write_json_atomically(path, payload):
     handle, temporary = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
     try:
         with os.fdopen(handle, "w") as stream:
-            json.dump(payload, stream, indent=1, allow_nan=False)
+            json.dump(json_safe(payload), stream, indent=1, allow_nan=False)
             stream.write("\n")
             stream.flush()
             os.fsync(stream.fileno())
@@ -796,7 +818,9 @@ def finish_run(result, record, monitor, build_model, wall_start):
         result.update(status="desync", failure={"kind": "desync", "rank": None,
                                                 "message": f"parameters differ across ranks by up to {largest:.3g}"})
     elif not checks["loss_finite"]:
-        result.update(status="desync", failure={"kind": "desync", "rank": None, "message": "the loss is not finite"})
+        first = next(i for i, v in enumerate(records[0]["losses"]) if not math.isfinite(v)) + 1
+        result.update(status="error", failure={"kind": "error", "rank": None,
+                                               "message": f"the loss is not finite from step {first} on rank 0"})
     else:
         result["status"] = "ok"
     result["wall_time_s"] = time.perf_counter() - wall_start
@@ -1570,6 +1594,44 @@ def run_strategy(config, result, launch, device, monitor, stop, mesh, hardware, 
     return finish_run(result, record, monitor, lambda: build_model(config["model"]), wall_start), record["signal"]
 
 
+def resolve_configs(args, strategies, overrides, launch, cuda_available, device_count, bf16_supported):
+    """One harness config per strategy (its own --output when there are several), checked before any GPU work."""
+    configs = []
+    for strategy in strategies:
+        per_strategy = argparse.Namespace(**vars(args))
+        per_strategy.output = output_for(strategy, args.output, len(strategies) > 1)
+        config = resolve_harness_config(per_strategy, launch, strategy, cuda_available, device_count, bf16_supported)
+        resolve_ddp_options(per_strategy, config, launch["world_size"])
+        # Only options and what follows from them, the same for every strategy of the launch: what a strategy
+        # makes of them (its parameter layout, its FSDP units) goes into the result's analysis.
+        config.update(model=args.model, optimizer=args.optimizer, preset=args.preset, preset_overrides=overrides,
+                      sharded_reduce_buffer=args.sharded_reduce_buffer, cudnn_deterministic=args.cudnn_deterministic,
+                      phase_steps=args.phase_steps, profile_steps=args.profile_steps, trace_dir=args.trace_dir,
+                      strategies_in_launch=strategies)
+        config["optimizer_kwargs"], config["optimizer_impl"] = optimizer_arguments(config)
+        config["optimizer_state_tensors_per_parameter"] = state_tensors_per_parameter(config)
+        configs.append(config)
+    return configs
+
+
+def print_launch_notes(args, explicit, notes, overrides, configs):
+    """Everything the launch does differently from what was literally asked, said before it starts."""
+    for note in notes:
+        print(f"note: {note}")
+    for option, values in overrides.items():
+        print(f"note: --preset {args.preset}: --{option.replace('_', '-')} {values['given']} given explicitly "
+              f"overrides the preset's {values['preset']}")
+    if "lr" not in explicit and args.preset is None:
+        print(f"note: --optimizer {args.optimizer} uses lr {args.lr:g} (pass --lr to change it)")
+    fsdp = [config["strategy"] for config in configs if config["strategy"].startswith("fsdp")]
+    if fsdp and configs[0]["memory_format"] == "channels_last":
+        print(f"note: {', '.join(fsdp)} keep their parameters contiguous (FSDP2 refuses channels_last parameters); "
+              f"their inputs stay channels_last")
+    if len(configs) > 1:
+        print(f"note: {len(configs)} strategies, one result each: {', '.join(c['output'] for c in configs)}")
+    sys.stdout.flush()
+
+
 def main(argv=None):
     started_at = datetime.datetime.now(datetime.timezone.utc)
     wall_start = time.perf_counter()
@@ -1591,23 +1653,8 @@ def main(argv=None):
                          "2 tasks); python oss_benchmark.py --table FILES only prints results")
     cuda_available = args.device == "cuda" and torch.cuda.is_available()
     device_count = torch.cuda.device_count() if cuda_available else 0
-    bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
-    several = len(strategies) > 1
-    configs = []
-    for strategy in strategies:
-        per_strategy = argparse.Namespace(**vars(args))
-        per_strategy.output = output_for(strategy, args.output, several)
-        config = resolve_harness_config(per_strategy, launch, strategy, cuda_available, device_count, bf16_supported)
-        resolve_ddp_options(per_strategy, config, launch["world_size"])
-        # Only options and what follows from them, the same for every strategy of the launch: what a strategy
-        # makes of them (its parameter layout, its FSDP units) goes into the result's analysis.
-        config.update(model=args.model, optimizer=args.optimizer, preset=args.preset, preset_overrides=overrides,
-                      sharded_reduce_buffer=args.sharded_reduce_buffer, cudnn_deterministic=args.cudnn_deterministic,
-                      phase_steps=args.phase_steps, profile_steps=args.profile_steps, trace_dir=args.trace_dir,
-                      strategies_in_launch=strategies)
-        config["optimizer_kwargs"], config["optimizer_impl"] = optimizer_arguments(config)
-        config["optimizer_state_tensors_per_parameter"] = state_tensors_per_parameter(config)
-        configs.append(config)
+    configs = resolve_configs(args, strategies, overrides, launch, cuda_available, device_count,
+                              cuda_available and torch.cuda.is_bf16_supported())
     rank, world_size = launch["rank"], launch["world_size"]
     stop = StopRequest()
     stop.install()
@@ -1619,7 +1666,7 @@ def main(argv=None):
             config["cudnn_benchmark"] = False
     result = base_result(configs[0], launch, started_at)
     store = monitor = None
-    finished, exit_code = [], EXIT_OK
+    finished, exit_code, strategy_start = [], EXIT_OK, wall_start
     try:
         store, monitor = init_distributed(configs[0], launch, device)
         hardware = collect_local_hardware(device, rank)
@@ -1629,16 +1676,7 @@ def main(argv=None):
             from torch.distributed.device_mesh import init_device_mesh
             mesh = init_device_mesh(device.type, (world_size,))
         if rank == 0:
-            for note in notes:
-                print(f"note: {note}")
-            for option, values in overrides.items():
-                print(f"note: --preset {args.preset}: --{option.replace('_', '-')} {values['given']} given "
-                      f"explicitly overrides the preset's {values['preset']}")
-            if "lr" not in explicit and args.preset is None:
-                print(f"note: --optimizer {args.optimizer} uses lr {args.lr:g} (pass --lr to change it)")
-            if several:
-                print(f"note: {len(strategies)} strategies, one result each: "
-                      f"{', '.join(c['output'] for c in configs)}", flush=True)
+            print_launch_notes(args, explicit, notes, overrides, configs)
         for config in configs:
             strategy_start = time.perf_counter()
             result = base_result(config, launch, datetime.datetime.now(datetime.timezone.utc))
@@ -1660,7 +1698,7 @@ def main(argv=None):
     except BaseException as error:  # noqa: BLE001 - every failure must end in a result, not a traceback
         if rank == 0 and finished:
             print_strategy_table(finished)
-        return fail(error, result, rank, world_size, store, device, wall_start)
+        return fail(error, result, rank, world_size, store, device, strategy_start)
     finally:
         if dist.is_initialized():
             with contextlib.suppress(Exception):
