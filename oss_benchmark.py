@@ -1528,12 +1528,13 @@ def print_strategy_table(results):
             speed = "-" if not throughput else (f"{throughput['rank0_median_images_per_second']:,.0f} ± "
                                                 f"{throughput['rank0_mad_images_per_second']:,.0f}")
             print(f"| {name} | {speed} | {number(peak)} |")
-        print("\n| strategy | vs ddp | forward ms | backward ms | optimizer step ms | parameter sync ms | "
-              "collectives per step | MiB per step measured (analytic) | optimizer state MiB/rank | "
-              "expected state saving MiB | peak saving vs ddp MiB |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
-        for result in members:
-            if result.get("analysis") is not None:
+        analysed = [result for result in members if result.get("analysis") is not None]
+        if analysed:  # results of ddp_resnet50.py, or of a run stopped by a signal, have no analysis
+            print("\n| strategy | vs ddp | forward ms | backward ms | optimizer step ms | parameter sync ms | "
+                  "collectives per step | MiB per step measured (analytic) | optimizer state MiB/rank | "
+                  "expected state saving MiB | peak saving vs ddp MiB |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|")
+            for result in analysed:
                 print(analysis_row(result, baseline))
     sys.stdout.flush()
 
