@@ -1575,8 +1575,7 @@ def run_strategy(config, result, launch, device, monitor, stop, mesh, hardware, 
 
     record = measure(lambda: train_step(setup, images, labels, config), config, device, rank, world_size,
                      monitor, stop)
-    phases = collectives = None
-    if not record["signal"]:
+    if not record["signal"]:  # every rank agreed on the signal, so all of them run the passes or none
         if rank == 0 and (config["phase_steps"] or config["profile_steps"]):
             print(f"  instrumented pass ({config['phase_steps']} steps), profiled pass "
                   f"({config['profile_steps']} steps)", flush=True)
@@ -1584,7 +1583,6 @@ def run_strategy(config, result, launch, device, monitor, stop, mesh, hardware, 
         trace = os.path.join(config["trace_dir"], f"{os.path.splitext(os.path.basename(config['output']))[0]}"
                                                   f"-rank{rank}.trace.json") if config["trace_dir"] else None
         collectives = count_collectives(setup, images, labels, config, device, trace)
-    if not record["signal"]:  # every rank agreed on the signal, so all of them gather or none
         local = local_analysis(setup, config, phases, collectives, model_numbers)
         everyone = gather_to_all(local, monitor, world_size)
         if rank == 0:
