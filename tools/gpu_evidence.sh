@@ -107,13 +107,14 @@ section_round2() {  # fixes and open questions after the first round (see docs/g
     --compile "${graphs[@]}"
 }
 
-section_sharding() {
-  local opt
+section_sharding() {  # every strategy in one launch per optimizer; PYTHONPATH must hold fairscale
+  local opt shard=(--warmup-steps 10 --steps 50)
   for opt in sgd adam; do
-    bench "sharding-2gpu-bf16-256-$opt" 0,1 420 env PYTHONPATH="${PYTHONPATH:-}" "${TWO[@]}" oss_benchmark.py \
-      --strategy all --optimizer "$opt" "${STEPS[@]}"
+    bench "sharding-2gpu-bf16-256-$opt" 0,1 200 "${TWO[@]}" oss_benchmark.py --strategy all --optimizer "$opt" \
+      "${shard[@]}"
   done
-  bench sharding-2gpu-preset-fairscale 0,1 420 "${TWO[@]}" oss_benchmark.py --strategy all --preset fairscale
+  bench sharding-2gpu-preset-fairscale 0,1 200 "${TWO[@]}" oss_benchmark.py --strategy all --preset fairscale \
+    "${shard[@]}"
 }
 
 section_oom() {
