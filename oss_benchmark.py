@@ -1095,8 +1095,9 @@ class Setup:
     """One strategy's wrapped model and optimizer, and how to step, zero and check it."""
 
     def __init__(self, model, optimizer, scaler=None, zero_grad=None, step_in_backward=False, sync_owner=None,
-                 sync_method=None, units=(), owned=None):
+                 sync_method=None, units=(), owned=None, optimizer_impl=None):
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.optimizer_impl = optimizer_impl  # when this strategy cannot use the launch's kernels
         self.zero_grad = zero_grad or (lambda: optimizer.zero_grad(set_to_none=True))
         self.step_in_backward = step_in_backward
         self.sync_owner, self.sync_method = sync_owner, sync_method  # the method that broadcasts parameters
@@ -1136,11 +1137,16 @@ def wrap_strategy(strategy, model, config, device, mesh, channels_last):
     if strategy in ("zero1", "zero1_overlap"):
         from torch.distributed.optim import ZeroRedundancyOptimizer
         overlap = strategy == "zero1_overlap"
+        impl = None
+        if overlap and kwargs.get("fused"):
+            # The comm hook steps a functional twin of the optimizer whose fused Adam keeps its step counter on
+            # the CPU, which the CUDA kernel refuses (seen on the H200, torch 2.11): foreach kernels there.
+            kwargs, impl = {**{k: v for k, v in kwargs.items() if k != "fused"}, "foreach": True}, "foreach"
         # One flat buffer per rank: one broadcast per rank after the step instead of one per parameter.
         optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=opt_class,
                                             parameters_as_bucket_view=not overlap, overlap_with_ddp=overlap, **kwargs)
         setup = Setup(model, optimizer, torch.amp.GradScaler(device.type) if fp16 else None,
-                      step_in_backward=overlap, sync_owner=None if overlap else optimizer,
+                      step_in_backward=overlap, sync_owner=None if overlap else optimizer, optimizer_impl=impl,
                       sync_method=None if overlap else "_sync_params",
                       owned=lambda: [p for g in optimizer.optim.param_groups for p in g["params"]])
         if overlap:
@@ -1587,6 +1593,7 @@ def run_strategy(config, result, launch, device, monitor, stop, mesh, hardware, 
         everyone = gather_to_all(local, monitor, world_size)
         if rank == 0:
             result["analysis"] = {"parameter_memory_format": parameter_format, "fsdp_units": len(setup.units),
+                                  "optimizer_impl": setup.optimizer_impl or config["optimizer_impl"],
                                   **combine_analysis(strategy, config, everyone, model_numbers, world_size)}
     inject_fault(config, rank, 0, "desync", setup.model)
     record.update(hardware=hardware, checksums=parameter_checksums(full_parameters(setup.model)))

@@ -107,6 +107,19 @@ section_round2() {  # fixes and open questions after the first round (see docs/g
     --compile "${graphs[@]}"
 }
 
+section_twins() {  # native and Lightning back to back on one machine, 2 GPUs, 256 and 32 per GPU
+  bench twins-native-2gpu-bf16-256 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
+  bench twins-lightning-2gpu-bf16-256 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 "${STEPS[@]}"
+  bench twins-native-2gpu-bf16-32 0,1 120 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 32 "${STEPS[@]}"
+  bench twins-lightning-2gpu-bf16-32 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 --batch-size-per-device 32 \
+    "${STEPS[@]}"
+}
+
+section_overlap_adam() {  # zero1_overlap with Adam after the fused-Adam fix; PYTHONPATH must hold fairscale
+  bench sharding-2gpu-bf16-256-adam-rerun 0,1 120 "${TWO[@]}" oss_benchmark.py --strategy zero1_overlap \
+    --optimizer adam --warmup-steps 10 --steps 50
+}
+
 section_sharding() {  # every strategy in one launch per optimizer; PYTHONPATH must hold fairscale
   local opt shard=(--warmup-steps 10 --steps 50)
   for opt in sgd adam; do
