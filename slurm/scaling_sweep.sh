@@ -37,7 +37,10 @@ if [ $# -gt 0 ] && [[ $1 == *.sbatch ]]; then
   shift
 fi
 root=$(cd "$(dirname "$0")/.." && pwd)
-[ -r "$root/$script" ] || die "no sbatch script $root/$script"
+# sbatch runs from the repository root (the scripts find common.sh there), so a relative path means from there.
+script_path=$script
+[[ $script == /* ]] || script_path=$root/$script
+[ -r "$script_path" ] || die "no sbatch script $script_path"
 command -v sbatch >/dev/null 2>&1 || die "sbatch not found: run this on a Slurm login node"
 
 device=${BENCH_DEVICE:-cuda}

@@ -111,7 +111,8 @@ def test_lightning_tasks_inside_salloc_do_not_look_interactive(cluster, tmp_path
     # ignores Slurm's tasks and each task starts a 2-process world of its own (seen: two result tables).
     # The script renames the step; a stand-in interpreter shows the name every srun task sees.
     interpreter = tmp_path / "show-task"
-    interpreter.write_text('#!/bin/sh\necho "task $SLURM_PROCID of $SLURM_STEP_NUM_TASKS in job named $SLURM_JOB_NAME"\n')
+    interpreter.write_text('#!/bin/sh\n'
+                           'echo "task $SLURM_PROCID of $SLURM_STEP_NUM_TASKS in job named $SLURM_JOB_NAME"\n')
     interpreter.chmod(0o755)
     proc = subprocess.run(["salloc", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0", "bash",
                            "slurm/lightning_ddp_resnet50.sbatch"], capture_output=True, text=True, timeout=60,
@@ -171,7 +172,8 @@ BAD_INPUT = {
                              "2 GPUs per node but only 1 task(s) per node"),
     "no-gpu": ("slurm/lightning_ddp_resnet50.sbatch", CPU_JOB, [], {}, "no GPU allocated to this job"),
     "ntasks-not-nodes-times-per-node": ("slurm/ddp_resnet50.sbatch", ["--ntasks=1", *CPU_JOB], [],
-                                        {"BENCH_DEVICE": "cpu"}, "--ntasks=1 is not --nodes (1) x --ntasks-per-node (2)"),
+                                        {"BENCH_DEVICE": "cpu"},
+                                        "--ntasks=1 is not --nodes (1) x --ntasks-per-node (2)"),
     "weak-and-strong": ("slurm/ddp_resnet50.sbatch", CPU_JOB, [],
                         {"BENCH_DEVICE": "cpu", "BENCH_BATCH_SIZE_PER_DEVICE": "4", "BENCH_GLOBAL_BATCH_SIZE": "8"},
                         "set BENCH_BATCH_SIZE_PER_DEVICE (weak scaling) or BENCH_GLOBAL_BATCH_SIZE"),
