@@ -71,8 +71,10 @@ NOT_OPTIONS = {"benchmark", "strategy", "device", "backend", "model", "image_siz
                "cpu_threads_per_rank",
                # Lightning: its devices per node and nodes (the world), its precision name, its version.
                "devices", "num_nodes", "trainer_precision", "lightning",
-               # oss_benchmark.py: the passes after the timed steps, the launch's other strategies, and the
-               # optimizer's arguments (lr and momentum, recorded on their own).
+               # oss_benchmark.py: the passes after the timed steps, the launch's other strategies, the
+               # optimizer's arguments (lr and momentum, recorded on their own) and its state size (follows
+               # from the optimizer and momentum).
+               "optimizer_state_tensors_per_parameter",
                "phase_steps", "profile_steps", "trace_dir", "strategies_in_launch", "optimizer_kwargs"}
 
 # The fields this report reads, with the types it can work with (a subset of the schema).

@@ -47,6 +47,7 @@ import torchvision
 
 try:
     import lightning as L
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
     from lightning.pytorch.strategies import DDPStrategy
 except ImportError:
     print("lightning/ddp_resnet50.py: error: Lightning is not installed: pip install '.[lightning]'",
@@ -1035,8 +1036,12 @@ def main(argv=None):
         else:
             strategy = "auto"  # one device: no DDP wrapper, as native
         quiet_lightning()
+        # Under srun, say so: Lightning ignores Slurm for jobs named "bash" or "interactive" (salloc) and would
+        # start a world of its own in every task. No auto-requeue: a benchmark is not resumed.
+        plugins = [SLURMEnvironment(auto_requeue=False)] if launch["launcher"] == "slurm" else None
         trainer = L.Trainer(accelerator="gpu" if config["device"] == "cuda" else "cpu", devices=args.devices,
                             num_nodes=args.num_nodes, strategy=strategy, precision=config["trainer_precision"],
+                            plugins=plugins,
                             max_epochs=1, max_steps=config["warmup_steps"] + config["steps"], barebones=True,
                             use_distributed_sampler=False)
         trainer.fit(module)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import LIGHTNING, NATIVE, SMALL, launch_by_hand, read_result
+from conftest import LIGHTNING, NATIVE, OSS, SMALL, launch_by_hand, read_result
 
 
 def wait_for_line(proc, text, limit_s=180):
@@ -33,12 +33,17 @@ def finish(procs, limit_s=90):
 LONG = [*SMALL, "--steps", "200"]
 
 
+def script_args(script):
+    """The sharding benchmark runs one strategy here (its --strategy all writes one file per strategy)."""
+    return ["--strategy", "zero1"] if script == OSS else []
+
+
 @pytest.mark.parametrize("script,signum", [(NATIVE, signal.SIGTERM), (NATIVE, signal.SIGINT),
-                                           (LIGHTNING, signal.SIGTERM)], ids=["native-TERM", "native-INT",
-                                                                             "lightning-TERM"])
+                                           (LIGHTNING, signal.SIGTERM), (OSS, signal.SIGTERM)],
+                         ids=["native-TERM", "native-INT", "lightning-TERM", "oss-TERM"])
 def test_signal_stops_after_the_current_step_with_the_steps_so_far(tmp_path, script, signum):
     output = tmp_path / "interrupted.json"
-    procs = launch_by_hand(script, [*LONG, "--output", str(output)])
+    procs = launch_by_hand(script, [*LONG, *script_args(script), "--output", str(output)])
     wait_for_line(procs[0], "measuring step 1/200")
     if signum == signal.SIGTERM:  # Slurm signals every task; Ctrl-C may reach only one rank
         for proc in procs:
@@ -58,10 +63,10 @@ def test_signal_stops_after_the_current_step_with_the_steps_so_far(tmp_path, scr
     assert "Traceback" not in outputs[0][2] + outputs[1][2]
 
 
-@pytest.mark.parametrize("script", [NATIVE, LIGHTNING], ids=["native", "lightning"])
+@pytest.mark.parametrize("script", [NATIVE, LIGHTNING, OSS], ids=["native", "lightning", "oss"])
 def test_a_killed_rank_ends_the_run_with_an_error_result(tmp_path, script):
     output = tmp_path / "dead.json"
-    procs = launch_by_hand(script, [*LONG, "--output", str(output)], timeout=30)
+    procs = launch_by_hand(script, [*LONG, *script_args(script), "--output", str(output)], timeout=30)
     wait_for_line(procs[0], "measuring step 1/200")
     procs[1].kill()
     started = time.monotonic()
@@ -75,12 +80,13 @@ def test_a_killed_rank_ends_the_run_with_an_error_result(tmp_path, script):
     assert all(proc.poll() is not None for proc in procs)
 
 
-@pytest.mark.parametrize("script,fault_rank", [(NATIVE, 0), (NATIVE, 1), (LIGHTNING, 1)],
-                         ids=["native-rank0", "native-rank1", "lightning-rank1"])
+@pytest.mark.parametrize("script,fault_rank", [(NATIVE, 0), (NATIVE, 1), (LIGHTNING, 1), (OSS, 1)],
+                         ids=["native-rank0", "native-rank1", "lightning-rank1", "oss-rank1"])
 def test_out_of_memory_gives_status_oom_with_memory_figures(tmp_path, script, fault_rank):
     output = tmp_path / "oom.json"
-    procs = launch_by_hand(script, [*SMALL, "--inject-fault", "oom", "--inject-fault-rank", str(fault_rank),
-                                    "--inject-fault-step", "3", "--output", str(output)], timeout=30)
+    procs = launch_by_hand(script, [*SMALL, *script_args(script), "--inject-fault", "oom",
+                                    "--inject-fault-rank", str(fault_rank), "--inject-fault-step", "3",
+                                    "--output", str(output)], timeout=30)
     outputs = finish(procs)
     assert outputs[fault_rank][0] == 4, outputs  # the rank that ran out of memory exits with 4
     assert all(code != 0 for code, _, _ in outputs)
