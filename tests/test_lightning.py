@@ -102,5 +102,7 @@ def test_readme_code_map_line_numbers_match_the_file():
     for name, line in entries:
         text = source[int(line) - 1]
         assert re.match(rf"\s*(def|class) {name}\b", text), f"{name} is not at line {line}: {text!r}"
-    for name, line in re.findall(r"`(\w+\.\w+\(weights=None\))` at line (\d+)", readme):
-        assert name.split("(")[0] in source[int(line) - 1], (name, line)
+    models = re.findall(r"`([\w.]+)\(weights=None\)` at line (\d+)", readme)
+    assert models, "the code map names the line that creates the model"
+    for name, line in models:
+        assert f"{name.split('.')[-1]}(weights=None" in source[int(line) - 1], (name, line)
