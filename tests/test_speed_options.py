@@ -1,0 +1,76 @@
+"""Plumbing of the speed options (compile, CUDA graphs, DDP buckets) and their bad combinations.
+
+Their speed is proven by the device runs in results/; here they must reach the model, be recorded, and be
+refused in one line where they cannot work."""
+import sys
+
+import pytest
+import torch
+
+from conftest import NATIVE, SMALL, read_result, run_script
+
+FAKE_GPU = {"count": 2, "bf16": True}
+
+
+@pytest.mark.parametrize("argv,rule", [
+    (["--cuda-graphs", "--device", "cpu"], "--cuda-graphs needs --device cuda"),
+    (["--cuda-graphs", "--precision", "fp16", "--warmup-steps", "20"], "--cuda-graphs needs --precision bf16 or fp32"),
+    (["--cuda-graphs", "--compile-mode", "reduce-overhead", "--warmup-steps", "20"], "captures its own CUDA graphs"),
+    (["--cuda-graphs", "--compile-mode", "max-autotune", "--warmup-steps", "20"], "captures its own CUDA graphs"),
+    (["--cuda-graphs", "--warmup-steps", "1"], "--cuda-graphs needs --warmup-steps >= 2"),
+    (["--compiled-ddp", "python_reducer"], "--compiled-ddp needs --compile"),
+    (["--compile-mode", "fastest"], "invalid choice"),
+    (["--bucket-cap-mb", "0"], "must be a positive number"),
+])
+def test_bad_combinations(native, argv, rule, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: FAKE_GPU["count"])
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: FAKE_GPU["bf16"])
+    output = tmp_path / "r.json"
+    monkeypatch.setattr(sys, "argv", ["ddp_resnet50.py", *argv, "--output", str(output)])
+    with pytest.raises(SystemExit) as exit_info:
+        native.run_guarded(native.main)
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and rule in lines[0], lines
+    assert not output.exists()
+
+
+def test_cuda_graphs_with_ddp_need_eleven_eager_steps_first(native, tmp_path, monkeypatch):
+    args = native.parse_arguments(["--cuda-graphs", "--warmup-steps", "11", "--output", str(tmp_path / "r.json")])
+    launch = native.detect_launch({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
+    config = native.resolve_harness_config(args, launch, "ddp", True, 2, True)
+    with pytest.raises(native.UsageError, match="warmup-steps >= 12.*11 eager DDP steps"):
+        native.resolve_ddp_options(args, config, 2)
+    args.warmup_steps = config["warmup_steps"] = 12
+    native.resolve_ddp_options(args, config, 2)
+    assert config["cuda_graphs"] is True
+
+
+def test_fp16_uses_the_unfused_sgd(native, tmp_path):
+    for precision, impl in (("fp16", "foreach"), ("bf16", "fused"), ("fp32", "fused")):
+        args = native.parse_arguments(["--precision", precision, "--output", str(tmp_path / "r.json")])
+        config = native.resolve_harness_config(args, native.detect_launch({}), "ddp", True, 1, True)
+        assert native.sgd_implementation(config) == impl, precision
+
+
+def test_ddp_options_reach_the_run_and_the_result(tmp_path):
+    output = tmp_path / "ddp-options.json"
+    proc = run_script(NATIVE, [*SMALL, "--steps", "2", "--bucket-cap-mb", "10", "--gradient-as-bucket-view",
+                               "--static-graph", "--output", str(output)], nproc=2)
+    assert proc.returncode == 0, proc.stderr
+    result = read_result(output)
+    config = result["config"]
+    assert (config["bucket_cap_mb"], config["gradient_as_bucket_view"], config["static_graph"]) == (10.0, True, True)
+    assert result["checks"]["parameters_synchronized"] is True
+
+
+def test_compile_runs_end_to_end(tmp_path):
+    """torch.compile on the CPU (Inductor's C++ backend): slow to compile, so two images and one timed step."""
+    output = tmp_path / "compiled.json"
+    proc = run_script(NATIVE, [*SMALL, "--batch-size-per-device", "2", "--warmup-steps", "1", "--steps", "1",
+                               "--compile-mode", "default", "--output", str(output)], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = read_result(output)
+    assert result["config"]["compile"] is True and result["config"]["compile_mode"] == "default"
+    assert result["status"] == "ok" and result["checks"]["loss_finite"]
