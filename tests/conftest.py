@@ -63,6 +63,14 @@ def read_result(path):
     return validate(json.loads(pathlib.Path(path).read_text()))
 
 
+def pretend_gpus(monkeypatch, count, bf16=True):
+    """Make the scripts see `count` GPUs (or none): nothing reaches a GPU before the argument checks."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+
+
 def one_error_line(stderr):
     """The non-empty lines a failing run printed: bad input must give exactly one, and no traceback."""
     lines = [line for line in stderr.splitlines() if line.strip()]

@@ -4,7 +4,7 @@ import sys
 import pytest
 import torch
 
-from conftest import NATIVE, SMALL, clean_env, run_script
+from conftest import NATIVE, SMALL, clean_env, pretend_gpus, run_script
 
 TWO_RANKS = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
@@ -53,10 +53,8 @@ def test_bad_input_in_process(native, case, tmp_path, monkeypatch, capsys):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    if gpu is not None:  # pretend a GPU (or none) is visible; nothing reaches the GPU before the checks
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu["count"] > 0)
-        monkeypatch.setattr(torch.cuda, "device_count", lambda: gpu["count"])
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: gpu["bf16"])
+    if gpu is not None:
+        pretend_gpus(monkeypatch, gpu["count"], gpu["bf16"])
     monkeypatch.setattr(sys, "argv", ["ddp_resnet50.py", *cpu_args(argv), "--output", str(output)])
     with pytest.raises(SystemExit) as exit_info:
         native.run_guarded(native.main)

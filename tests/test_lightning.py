@@ -3,9 +3,8 @@ import re
 import sys
 
 import pytest
-import torch
 
-from conftest import LIGHTNING, ROOT, SMALL, clean_env, load_script, read_result, run_script
+from conftest import LIGHTNING, ROOT, SMALL, load_script, pretend_gpus, read_result, run_script
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +84,7 @@ def test_bad_input(twin, argv, env, rule, tmp_path, monkeypatch, capsys):
 
 
 def test_more_devices_than_gpus(twin, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    pretend_gpus(monkeypatch, count=1)
     monkeypatch.setattr(sys, "argv", ["x", "--devices", "2", "--output", str(tmp_path / "r.json")])
     with pytest.raises(SystemExit) as exit_info:
         twin.run_guarded(twin.main)

@@ -5,12 +5,8 @@ refused in one line where they cannot work."""
 import sys
 
 import pytest
-import torch
 
-from conftest import NATIVE, SMALL, read_result, run_script
-
-FAKE_GPU = {"count": 2, "bf16": True}
-
+from conftest import NATIVE, SMALL, pretend_gpus, read_result, run_script
 
 @pytest.mark.parametrize("argv,rule", [
     (["--cuda-graphs", "--device", "cpu"], "--cuda-graphs needs --device cuda"),
@@ -23,9 +19,7 @@ FAKE_GPU = {"count": 2, "bf16": True}
     (["--bucket-cap-mb", "0"], "must be a positive number"),
 ])
 def test_bad_combinations(native, argv, rule, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: FAKE_GPU["count"])
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: FAKE_GPU["bf16"])
+    pretend_gpus(monkeypatch, count=2)
     output = tmp_path / "r.json"
     monkeypatch.setattr(sys, "argv", ["ddp_resnet50.py", *argv, "--output", str(output)])
     with pytest.raises(SystemExit) as exit_info:
