@@ -71,6 +71,19 @@ def pretend_gpus(monkeypatch, count, bf16=True):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
 
 
+def expect_usage_error(script, argv, rule, output, monkeypatch, capsys):
+    """Run a loaded script's main as the command line would, in this process: exit code 2, one line naming
+    the rule, no file. Returns that line."""
+    monkeypatch.setattr(sys, "argv", [script.BENCHMARK, *argv, "--output", str(output)])
+    with pytest.raises(SystemExit) as exit_info:
+        script.run_guarded(script.main)
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and rule in lines[0], lines
+    assert not output.exists()
+    return lines[0]
+
+
 def one_error_line(stderr):
     """The non-empty lines a failing run printed: bad input must give exactly one, and no traceback."""
     lines = [line for line in stderr.splitlines() if line.strip()]

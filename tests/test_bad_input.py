@@ -1,10 +1,8 @@
 """Bad input: one line naming the broken rule, exit code 2, no traceback, nothing written."""
-import sys
-
 import pytest
 import torch
 
-from conftest import NATIVE, SMALL, clean_env, pretend_gpus, run_script
+from conftest import NATIVE, SMALL, clean_env, expect_usage_error, pretend_gpus, run_script
 
 TWO_RANKS = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
@@ -55,15 +53,9 @@ def test_bad_input_in_process(native, case, tmp_path, monkeypatch, capsys):
         monkeypatch.setenv(name, value)
     if gpu is not None:
         pretend_gpus(monkeypatch, gpu["count"], gpu["bf16"])
-    monkeypatch.setattr(sys, "argv", ["ddp_resnet50.py", *cpu_args(argv), "--output", str(output)])
-    with pytest.raises(SystemExit) as exit_info:
-        native.run_guarded(native.main)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and rule in lines[0], err
-    assert "ddp_resnet50.py: error: " in lines[0]
-    assert not output.exists() and not list(tmp_path.iterdir())
+    line = expect_usage_error(native, cpu_args(argv), rule, output, monkeypatch, capsys)
+    assert "ddp_resnet50.py: error: " in line
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("case", ["conflicting batch options", "fp16 on the CPU", "contradicting Slurm variables"])

@@ -1,7 +1,5 @@
 """Runs that die in ordinary ways end promptly, with one line and a result saying what happened."""
 import signal
-import subprocess
-import sys
 import time
 
 import pytest

@@ -1,5 +1,4 @@
 """The harness's pure parts: statistics, launch detection, precision and batch resolution, atomic writes."""
-import argparse
 import json
 import math
 import os

@@ -1,10 +1,10 @@
 """The Lightning twin: same options and result as native, and it trains identically (CPU, gloo)."""
 import re
-import sys
 
 import pytest
 
-from conftest import LIGHTNING, ROOT, SMALL, load_script, pretend_gpus, read_result, run_script
+from conftest import (LIGHTNING, ROOT, SMALL, expect_usage_error, load_script, pretend_gpus, read_result,
+                      run_script)
 
 
 @pytest.fixture(scope="module")
@@ -73,22 +73,13 @@ def test_bad_input(twin, argv, env, rule, tmp_path, monkeypatch, capsys):
     if "--global-batch-size" in argv:
         index = base.index("--batch-size-per-device")
         del base[index:index + 2]
-    output = tmp_path / "r.json"
-    monkeypatch.setattr(sys, "argv", ["lightning/ddp_resnet50.py", *base, *argv, "--output", str(output)])
-    with pytest.raises(SystemExit) as exit_info:
-        twin.run_guarded(twin.main)
-    assert exit_info.value.code == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and rule in lines[0], lines
-    assert not output.exists()
+    expect_usage_error(twin, [*base, *argv], rule, tmp_path / "r.json", monkeypatch, capsys)
 
 
 def test_more_devices_than_gpus(twin, tmp_path, monkeypatch, capsys):
     pretend_gpus(monkeypatch, count=1)
-    monkeypatch.setattr(sys, "argv", ["x", "--devices", "2", "--output", str(tmp_path / "r.json")])
-    with pytest.raises(SystemExit) as exit_info:
-        twin.run_guarded(twin.main)
-    assert exit_info.value.code == 2 and "2 ranks on this node but only 1 GPUs" in capsys.readouterr().err
+    expect_usage_error(twin, ["--devices", "2"], "2 ranks on this node but only 1 GPUs", tmp_path / "r.json",
+                       monkeypatch, capsys)
 
 
 def test_readme_code_map_line_numbers_match_the_file():

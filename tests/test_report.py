@@ -6,7 +6,6 @@ reads files.
 """
 import copy
 import json
-import pathlib
 import statistics
 import subprocess
 import sys

@@ -8,7 +8,6 @@ with the reason, except the sweep-composition tests at the end, which replace sb
 To watch the same cluster by hand: `python tests/slurm_cluster.py /tmp/slurm` (see its docstring).
 """
 import os
-import pathlib
 import re
 import stat
 import subprocess

@@ -2,11 +2,9 @@
 
 Their speed is proven by the device runs in results/; here they must reach the model, be recorded, and be
 refused in one line where they cannot work."""
-import sys
-
 import pytest
 
-from conftest import NATIVE, SMALL, pretend_gpus, read_result, run_script
+from conftest import NATIVE, SMALL, expect_usage_error, pretend_gpus, read_result, run_script
 
 @pytest.mark.parametrize("argv,rule", [
     (["--cuda-graphs", "--device", "cpu"], "--cuda-graphs needs --device cuda"),
@@ -20,14 +18,7 @@ from conftest import NATIVE, SMALL, pretend_gpus, read_result, run_script
 ])
 def test_bad_combinations(native, argv, rule, tmp_path, monkeypatch, capsys):
     pretend_gpus(monkeypatch, count=2)
-    output = tmp_path / "r.json"
-    monkeypatch.setattr(sys, "argv", ["ddp_resnet50.py", *argv, "--output", str(output)])
-    with pytest.raises(SystemExit) as exit_info:
-        native.run_guarded(native.main)
-    assert exit_info.value.code == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and rule in lines[0], lines
-    assert not output.exists()
+    expect_usage_error(native, argv, rule, tmp_path / "r.json", monkeypatch, capsys)
 
 
 def test_cuda_graphs_with_ddp_need_eleven_eager_steps_first(native, tmp_path, monkeypatch):
