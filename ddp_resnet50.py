@@ -92,8 +92,8 @@ def positive_int(text):
 
 def positive_float(text):
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
     return value
 
 
@@ -284,8 +284,8 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
         if "gpus_on_node" in launch:
             raise UsageError(f"{launch['local_world_size']} Slurm tasks on this node but only "
                              f"{launch['gpus_on_node']} GPUs allocated (SLURM_GPUS_ON_NODE): one task per GPU")
-    if args.momentum < 0:
-        raise UsageError(f"--momentum must not be negative, got {args.momentum}")
+    if not 0 <= args.momentum < math.inf:
+        raise UsageError(f"--momentum must be a finite number >= 0, got {args.momentum}")
     if args.inject_fault and not 0 <= args.inject_fault_rank < launch["world_size"]:
         raise UsageError(f"--inject-fault-rank {args.inject_fault_rank} is not a rank of {launch['world_size']}")
     precision = resolve_precision(args.precision, device_type, bf16_supported)

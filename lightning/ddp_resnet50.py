@@ -99,8 +99,8 @@ def positive_int(text):
 
 def positive_float(text):
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
     return value
 
 
@@ -291,8 +291,8 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
         if "gpus_on_node" in launch:
             raise UsageError(f"{launch['local_world_size']} Slurm tasks on this node but only "
                              f"{launch['gpus_on_node']} GPUs allocated (SLURM_GPUS_ON_NODE): one task per GPU")
-    if args.momentum < 0:
-        raise UsageError(f"--momentum must not be negative, got {args.momentum}")
+    if not 0 <= args.momentum < math.inf:
+        raise UsageError(f"--momentum must be a finite number >= 0, got {args.momentum}")
     if args.inject_fault and not 0 <= args.inject_fault_rank < launch["world_size"]:
         raise UsageError(f"--inject-fault-rank {args.inject_fault_rank} is not a rank of {launch['world_size']}")
     precision = resolve_precision(args.precision, device_type, bf16_supported)
@@ -881,8 +881,12 @@ def plan_launch(args, env):
         if launch["num_nodes"] != args.num_nodes:
             raise LaunchError(f"{launch['num_nodes']} nodes in the allocation but --num-nodes {args.num_nodes}")
         return launch
-    node_rank = int(env.get("NODE_RANK", "0"))
-    local_rank = int(env.get("LOCAL_RANK", "0"))
+    try:
+        node_rank, local_rank = int(env.get("NODE_RANK", "0")), int(env.get("LOCAL_RANK", "0"))
+        master_port = int(env.get("MASTER_PORT", "0"))
+    except ValueError:
+        raise LaunchError(f"NODE_RANK={env.get('NODE_RANK')!r}, LOCAL_RANK={env.get('LOCAL_RANK')!r} and "
+                          f"MASTER_PORT={env.get('MASTER_PORT')!r} must be integers") from None
     if not (0 <= node_rank < args.num_nodes and 0 <= local_rank < args.devices):
         raise LaunchError(f"NODE_RANK={node_rank} LOCAL_RANK={local_rank} do not fit --num-nodes "
                           f"{args.num_nodes} --devices {args.devices}")
@@ -890,7 +894,7 @@ def plan_launch(args, env):
     return {**launch, "launcher": "lightning" if world_size > 1 else "single", "rank": node_rank * args.devices +
             local_rank, "world_size": world_size, "local_rank": local_rank, "local_world_size": args.devices,
             "num_nodes": args.num_nodes, "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
-            "master_port": int(env.get("MASTER_PORT", "0"))}
+            "master_port": master_port}
 
 
 def quiet_lightning():

@@ -43,6 +43,15 @@ def test_lightning_result_fields(lightning_two_rank):
     assert proc.stdout.count("== lightning/ddp_resnet50.py") == 1 and "| lightning_ddp | 2 |" in proc.stdout
 
 
+def test_lightning_detects_an_injected_desync(tmp_path):
+    output = tmp_path / "desync.json"
+    proc = run_script(LIGHTNING, [*SMALL, "--devices", "2", "--steps", "2", "--inject-fault", "desync",
+                                  "--inject-fault-rank", "1", "--output", str(output)])
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    result = read_result(output)
+    assert result["status"] == "desync" and result["checks"]["parameters_synchronized"] is False
+
+
 def test_trainer_precision_mapping(twin):
     assert [twin.resolve_trainer_precision(p) for p in ("fp32", "bf16", "fp16")] == \
         ["32-true", "bf16-mixed", "16-mixed"]
@@ -61,11 +70,14 @@ SRUN = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_S
     (["--devices", "2"], {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4",
                           "TORCHELASTIC_RUN_ID": "x"}, "4 torchrun processes per node but --devices 2"),
     (["--devices", "0"], {}, "must be a positive integer"),
+    (["--devices", "2"], {"LOCAL_RANK": "one", "NODE_RANK": "0"}, "must be integers"),
+    (["--devices", "2"], {"LOCAL_RANK": "2", "NODE_RANK": "0"}, "do not fit --num-nodes 1 --devices 2"),
     (["--precision", "fp16"], {}, "fp16 needs a GPU"),
     (["--devices", "3", "--global-batch-size", "8"], {}, "not divisible by the world size 3"),
 ])
 def test_bad_input(twin, argv, env, rule, tmp_path, monkeypatch, capsys):
-    for name in list(SRUN) + ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"]:
+    for name in list(SRUN) + ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                                    "NODE_RANK"]:
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -14,7 +14,7 @@ from conftest import NATIVE, SMALL, expect_usage_error, pretend_gpus, read_resul
     (["--cuda-graphs", "--warmup-steps", "1"], "--cuda-graphs needs --warmup-steps >= 2"),
     (["--compiled-ddp", "python_reducer"], "--compiled-ddp needs --compile"),
     (["--compile-mode", "fastest"], "invalid choice"),
-    (["--bucket-cap-mb", "0"], "must be a positive number"),
+    (["--bucket-cap-mb", "0"], "must be a positive finite number"),
 ])
 def test_bad_combinations(native, argv, rule, tmp_path, monkeypatch, capsys):
     pretend_gpus(monkeypatch, count=2)

@@ -85,7 +85,7 @@ section_compile() {
     --compile "${graphs[@]}"
 }
 
-section_round2() {  # fixes and open questions after the first round (see docs/gpu-notes.md)
+section_round2() {  # fixes and open questions after the first round (docs/performance.md, lightning/README.md)
   local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
   # launch-bound configurations alone on the machine: a neighbour's host thread disturbs them
   bench native-1gpu-bf16-32-solo 0 120 "$PY" ddp_resnet50.py --batch-size-per-device 32 "${STEPS[@]}"
