@@ -133,8 +133,11 @@ def add_harness_arguments(parser):
 
 def add_ddp_arguments(parser, cuda_graphs):
     parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
-    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+    parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=False,
                         help="let gradients alias DDP's buckets (saves a copy and memory)")
+    parser.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
+                        help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward; "
+                             "without it each rank keeps its own statistics")
     parser.add_argument("--static-graph", action="store_true", help="tell DDP the graph never changes")
     parser.add_argument("--compiled-ddp", choices=["ddp_optimizer", "python_reducer", "no_optimization"],
                         help="how torch.compile treats DDP (torch._dynamo.config.optimize_ddp): split the graph at "
@@ -144,6 +147,22 @@ def add_ddp_arguments(parser, cuda_graphs):
         parser.add_argument("--cuda-graphs", action="store_true",
                             help="capture the whole training step (forward, backward with DDP's all-reduce, "
                                  "optimizer step) in one CUDA graph after the eager warm-up, and replay it")
+        parser.add_argument("--loss-scale", type=loss_scale_value, default="dynamic",
+                            help="fp16 only: dynamic (GradScaler, default) or a fixed power of two S: the loss "
+                                 "is multiplied by S and the gradients by 1/S with no overflow check, so the step "
+                                 "needs no host sync and fits a CUDA graph; a non-finite loss fails the run")
+
+
+def loss_scale_value(text):
+    if text == "dynamic":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not (value >= 1 and math.isfinite(value) and math.frexp(value)[0] == 0.5):
+        raise argparse.ArgumentTypeError(f"must be dynamic or a power of two >= 1, got {text}")
+    return value
 
 
 def resolve_ddp_options(args, config, world_size):
@@ -151,9 +170,14 @@ def resolve_ddp_options(args, config, world_size):
     if args.compiled_ddp and not config["compile"]:
         raise UsageError("--compiled-ddp needs --compile or --compile-mode")
     cuda_graphs = bool(getattr(args, "cuda_graphs", False))
+    loss_scale = getattr(args, "loss_scale", "dynamic")
+    if loss_scale != "dynamic" and config["precision"] != "fp16":
+        raise UsageError(f"--loss-scale {loss_scale:g} needs --precision fp16 (bf16 and fp32 need no loss scaling)")
     config.update(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph,
-                  gradient_as_bucket_view=args.gradient_as_bucket_view, compiled_ddp=args.compiled_ddp,
-                  cuda_graphs=cuda_graphs)
+                  gradient_as_bucket_view=args.gradient_as_bucket_view, broadcast_buffers=args.broadcast_buffers,
+                  compiled_ddp=args.compiled_ddp, cuda_graphs=cuda_graphs,
+                  loss_scale=loss_scale if config["precision"] == "fp16" else None,
+                  grad_scaler=config["grad_scaler"] and loss_scale == "dynamic")
     if cuda_graphs:
         if config["device"] != "cuda":
             raise UsageError("--cuda-graphs needs --device cuda")
@@ -161,8 +185,8 @@ def resolve_ddp_options(args, config, world_size):
             raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
                              f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
         if config["grad_scaler"]:
-            raise UsageError("--cuda-graphs needs --precision bf16 or fp32: fp16's GradScaler reads found_inf on "
-                             "the host every step, which a captured graph cannot do")
+            raise UsageError("--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024): the dynamic "
+                             "GradScaler reads found_inf on the host every step, which a captured graph cannot do")
         needed = 12 if world_size > 1 else 2
         if config["warmup_steps"] < needed:
             raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
@@ -869,6 +893,10 @@ def train_step(model, optimizer, scaler, images, labels, config):
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+    elif config["loss_scale"] is not None:  # fp16 with a fixed scale: no overflow check, no host sync
+        (loss * config["loss_scale"]).backward()
+        torch._foreach_mul_([p.grad for p in model.parameters() if p.grad is not None], 1.0 / config["loss_scale"])
+        optimizer.step()
     else:
         loss.backward()
         optimizer.step()
@@ -911,6 +939,7 @@ def main(argv=None):
                 model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                 bucket_cap_mb=config["bucket_cap_mb"],
                                                 static_graph=config["static_graph"],
+                                                broadcast_buffers=config["broadcast_buffers"],
                                                 gradient_as_bucket_view=config["gradient_as_bucket_view"])
         optimizer = make_optimizer(model.parameters(), config)
         scaler = torch.amp.GradScaler(device.type) if config["grad_scaler"] else None

@@ -13,8 +13,8 @@ after another in the order ddp, zero1, fsdp_zero2, fsdp_zero3, oss_ddp, oss_shar
     oss_sharded_ddp  fairscale ShardedDataParallel + OSS (gradients reduced to their owner, ZeRO-2)
     zero1            DDP + torch.distributed.optim.ZeroRedundancyOptimizer
     zero1_overlap    the same, its step and broadcast run inside DDP's backward (ZeRO comm hook; NCCL only)
-    fsdp_zero2       FSDP2 fully_shard per block, reshard_after_forward=False
-    fsdp_zero3       FSDP2 fully_shard per block, reshard_after_forward=True
+    fsdp_zero2       FSDP2 fully_shard per --fsdp-units (default stage), reshard_after_forward=False
+    fsdp_zero3       FSDP2 fully_shard per --fsdp-units, reshard_after_forward=True
 
 Launch recipes (two ranks at least: sharding over one rank means nothing):
 
@@ -182,8 +182,11 @@ def add_harness_arguments(parser):
 
 def add_ddp_arguments(parser, cuda_graphs):
     parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
-    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+    parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=False,
                         help="let gradients alias DDP's buckets (saves a copy and memory)")
+    parser.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
+                        help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward; "
+                             "without it each rank keeps its own statistics")
     parser.add_argument("--static-graph", action="store_true", help="tell DDP the graph never changes")
     parser.add_argument("--compiled-ddp", choices=["ddp_optimizer", "python_reducer", "no_optimization"],
                         help="how torch.compile treats DDP (torch._dynamo.config.optimize_ddp): split the graph at "
@@ -193,6 +196,22 @@ def add_ddp_arguments(parser, cuda_graphs):
         parser.add_argument("--cuda-graphs", action="store_true",
                             help="capture the whole training step (forward, backward with DDP's all-reduce, "
                                  "optimizer step) in one CUDA graph after the eager warm-up, and replay it")
+        parser.add_argument("--loss-scale", type=loss_scale_value, default="dynamic",
+                            help="fp16 only: dynamic (GradScaler, default) or a fixed power of two S: the loss "
+                                 "is multiplied by S and the gradients by 1/S with no overflow check, so the step "
+                                 "needs no host sync and fits a CUDA graph; a non-finite loss fails the run")
+
+
+def loss_scale_value(text):
+    if text == "dynamic":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not (value >= 1 and math.isfinite(value) and math.frexp(value)[0] == 0.5):
+        raise argparse.ArgumentTypeError(f"must be dynamic or a power of two >= 1, got {text}")
+    return value
 
 
 def resolve_ddp_options(args, config, world_size):
@@ -200,9 +219,14 @@ def resolve_ddp_options(args, config, world_size):
     if args.compiled_ddp and not config["compile"]:
         raise UsageError("--compiled-ddp needs --compile or --compile-mode")
     cuda_graphs = bool(getattr(args, "cuda_graphs", False))
+    loss_scale = getattr(args, "loss_scale", "dynamic")
+    if loss_scale != "dynamic" and config["precision"] != "fp16":
+        raise UsageError(f"--loss-scale {loss_scale:g} needs --precision fp16 (bf16 and fp32 need no loss scaling)")
     config.update(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph,
-                  gradient_as_bucket_view=args.gradient_as_bucket_view, compiled_ddp=args.compiled_ddp,
-                  cuda_graphs=cuda_graphs)
+                  gradient_as_bucket_view=args.gradient_as_bucket_view, broadcast_buffers=args.broadcast_buffers,
+                  compiled_ddp=args.compiled_ddp, cuda_graphs=cuda_graphs,
+                  loss_scale=loss_scale if config["precision"] == "fp16" else None,
+                  grad_scaler=config["grad_scaler"] and loss_scale == "dynamic")
     if cuda_graphs:
         if config["device"] != "cuda":
             raise UsageError("--cuda-graphs needs --device cuda")
@@ -210,8 +234,8 @@ def resolve_ddp_options(args, config, world_size):
             raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
                              f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
         if config["grad_scaler"]:
-            raise UsageError("--cuda-graphs needs --precision bf16 or fp32: fp16's GradScaler reads found_inf on "
-                             "the host every step, which a captured graph cannot do")
+            raise UsageError("--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024): the dynamic "
+                             "GradScaler reads found_inf on the host every step, which a captured graph cannot do")
         needed = 12 if world_size > 1 else 2
         if config["warmup_steps"] < needed:
             raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
@@ -926,6 +950,12 @@ def build_parser():
     parser.add_argument("--sharded-reduce-buffer", type=non_negative_int, default=2**23,
                         help="ShardedDDP reduce_buffer_size in elements (fairscale's default; its docs advise 0 "
                              "on a single node)")
+    parser.add_argument("--fsdp-units", choices=["block", "stage", "model"], default="stage",
+                        help="what fsdp_zero2/3 shard as one unit (one all-gather and one reduce-scatter each): "
+                             "every block (ResNet bottleneck), every stage (layer1..4), or the whole model")
+    parser.add_argument("--fsdp-param-dtype", choices=["fp32", "compute"], default="fp32",
+                        help="fsdp_zero2/3: all-gather fp32 parameters (autocast casts them, as under DDP) or "
+                             "parameters already in the autocast dtype (MixedPrecisionPolicy: half the bytes)")
     parser.add_argument("--cudnn-deterministic", action="store_true",
                         help="force deterministic cuDNN without autotuning, as fairscale's benchmark does")
     parser.add_argument("--phase-steps", type=non_negative_int, default=10,
@@ -1079,15 +1109,19 @@ def parameter_layout(model):
             "channels_last": sum(1 for p in weights if p.dim() == 4 and p.stride() == channels_last_strides(p.shape))}
 
 
-def fsdp_units(module):
-    """The blocks FSDP wraps one by one: the children of the outermost Sequential containers (a ResNet's
-    bottlenecks, a ViT's encoder blocks, a ConvNeXt's stages)."""
+def fsdp_units(module, granularity="block"):
+    """The submodules FSDP shards one by one (the root is always a unit too, for what is left over).
+    block: the children of the outermost Sequential containers (a ResNet's bottlenecks, a ViT's encoder
+    blocks); stage: those containers themselves (a ResNet's layer1..layer4); model: none, one unit for all."""
+    if granularity == "model":
+        return []
     units = []
     for child in module.children():
         if isinstance(child, torch.nn.Sequential):
-            units += [block for block in child.children() if any(True for _ in block.parameters())]
+            blocks = [block for block in child.children() if any(True for _ in block.parameters())]
+            units += blocks if granularity == "block" else [child] if blocks else []
         else:
-            units += fsdp_units(child)
+            units += fsdp_units(child, granularity)
     return units
 
 
@@ -1112,6 +1146,7 @@ def wrap_strategy(strategy, model, config, device, mesh, channels_last):
     if strategy in ("ddp", "zero1", "zero1_overlap", "oss_ddp"):
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                         bucket_cap_mb=config["bucket_cap_mb"], static_graph=config["static_graph"],
+                                        broadcast_buffers=config["broadcast_buffers"],
                                         gradient_as_bucket_view=config["gradient_as_bucket_view"])
     if strategy == "ddp":
         optimizer = opt_class(model.parameters(), **kwargs)
@@ -1124,7 +1159,8 @@ def wrap_strategy(strategy, model, config, device, mesh, channels_last):
         optimizer = OSS(model.parameters(), optim=opt_class, **kwargs)  # after DDP, as fairscale documents
         zero_grad = None
         if strategy == "oss_sharded_ddp":
-            model = ShardedDataParallel(model, optimizer, reduce_buffer_size=config["sharded_reduce_buffer"])
+            model = ShardedDataParallel(model, optimizer, reduce_buffer_size=config["sharded_reduce_buffer"],
+                                        broadcast_buffers=config["broadcast_buffers"])
             # Its first forward would re-flatten the parameters; do that setup now, then fix the layout once.
             model.refresh_trainable()
             # Its own zero_grad keeps the gradients that are views of its reduce buckets.
@@ -1158,16 +1194,24 @@ def wrap_strategy(strategy, model, config, device, mesh, channels_last):
         elif channels_last:
             restore_channels_last(model.parameters())
         return setup
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
     reshard = strategy == "fsdp_zero3"
-    units = fsdp_units(model)
+    units = fsdp_units(model, config["fsdp_units"])
+    # compute: all-gather the parameters in autocast's dtype (half the bytes), reduce the gradients in fp32
+    policy = MixedPrecisionPolicy(param_dtype=fsdp_gather_dtype(config), reduce_dtype=torch.float32)
     for unit in units:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     optimizer = opt_class(model.parameters(), **kwargs)
     return Setup(model, optimizer, ShardedGradScaler(device=device.type) if fp16 else None, units=[*units, model],
                  owned=lambda: list(model.parameters()))
+
+
+def fsdp_gather_dtype(config):
+    """The dtype FSDP2 all-gathers parameters in: None keeps them fp32 (autocast casts per operation, as
+    under DDP); with --fsdp-param-dtype compute, autocast's dtype (bf16/fp16)."""
+    return AUTOCAST_DTYPES[config["precision"]] if config["fsdp_param_dtype"] == "compute" else None
 
 
 def train_step(setup, images, labels, config, marker=None):
@@ -1386,19 +1430,20 @@ def wire_factor(kind, world_size):
             "broadcast": (n - 1) / n, "reduce": (n - 1) / n}.get(kind, 0.0)
 
 
-def analytic_volumes(strategy, parameter_bytes, buffer_bytes, world_size):
+def analytic_volumes(strategy, parameter_bytes, buffer_bytes, world_size, gathered_bytes=None):
     """Input bytes per step and rank by kind (an all-gather's input is one shard). P = parameter bytes:
     DDP all-reduces P and broadcasts the buffers; ZeRO-1 (OSS, ZeroRedundancyOptimizer) adds a broadcast of P
     in total, one shard from each rank; ShardedDDP reduces P to the owners instead; FSDP reduce-scatters P and
     all-gathers the shards once (ZeRO-2) or twice (ZeRO-3: forward and backward)."""
     p, b, n = parameter_bytes, buffer_bytes, world_size
+    g = p if gathered_bytes is None else gathered_bytes  # FSDP2 may all-gather in the compute dtype
     return {"ddp": {"all-reduce": p, "broadcast": b},
             "oss_ddp": {"all-reduce": p, "broadcast": p + b},
             "oss_sharded_ddp": {"reduce": p, "broadcast": p + b},
             "zero1": {"all-reduce": p, "broadcast": p + b},
             "zero1_overlap": {"all-reduce": p, "broadcast": p + b},
-            "fsdp_zero2": {"all-gather": p / n, "reduce-scatter": p},
-            "fsdp_zero3": {"all-gather": 2 * p / n, "reduce-scatter": p}}[strategy]
+            "fsdp_zero2": {"all-gather": g / n, "reduce-scatter": p},
+            "fsdp_zero3": {"all-gather": 2 * g / n, "reduce-scatter": p}}[strategy]
 
 
 def wire_bytes(volumes, world_size):
@@ -1437,8 +1482,11 @@ def local_analysis(setup, config, phases, collectives, model_numbers):
 def combine_analysis(strategy, config, everyone, model_numbers, world_size):
     """Rank 0's view plus every rank's figures, with the analytic volumes and memory expectations beside them."""
     rank0, parameters = everyone[0], model_numbers["parameters"]
+    gather_dtype = fsdp_gather_dtype(config) if strategy.startswith("fsdp") else None
+    gathered_bytes = model_numbers["parameter_bytes"] * (
+        torch.empty((), dtype=gather_dtype).element_size() / 4 if gather_dtype is not None else 1)
     analytic = analytic_volumes(strategy, model_numbers["parameter_bytes"], model_numbers["buffer_bytes"],
-                                world_size)
+                                world_size, gathered_bytes)
     per_parameter = state_tensors_per_parameter(config)
     ddp_state = per_parameter * model_numbers["parameter_bytes"]
     collectives = None
@@ -1612,6 +1660,7 @@ def resolve_configs(args, strategies, overrides, launch, cuda_available, device_
         # makes of them (its parameter layout, its FSDP units) goes into the result's analysis.
         config.update(model=args.model, optimizer=args.optimizer, preset=args.preset, preset_overrides=overrides,
                       sharded_reduce_buffer=args.sharded_reduce_buffer, cudnn_deterministic=args.cudnn_deterministic,
+                      fsdp_units=args.fsdp_units, fsdp_param_dtype=args.fsdp_param_dtype,
                       phase_steps=args.phase_steps, profile_steps=args.profile_steps, trace_dir=args.trace_dir,
                       strategies_in_launch=strategies)
         config["optimizer_kwargs"], config["optimizer_impl"] = optimizer_arguments(config)

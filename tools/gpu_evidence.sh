@@ -5,7 +5,8 @@
 #
 #   tools/gpu_evidence.sh SECTION... [--out DIR]
 #
-# Sections: native (issue 2), lightning (issue 3), graphs and compile (issue 7), sharding (issue 4), oom (issue 9).
+# Sections: native (issue 2), lightning (issue 3), graphs and compile (issue 7), sharding (issue 4), oom (issue 9);
+# the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7).
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log; a summary table is printed last.
 # Keep NVLink multicast off (the machine's rule): exported here, inherited by every child process.
 set -uo pipefail
@@ -128,6 +129,39 @@ section_sharding() {  # every strategy in one launch per optimizer; PYTHONPATH m
   done
   bench sharding-2gpu-preset-fairscale 0,1 200 "${TWO[@]}" oss_benchmark.py --strategy all --preset fairscale \
     "${shard[@]}"
+}
+
+section_ddp2() {  # session 2, issue 2: what is left of the 2-GPU eager scaling loss (~1.5 ms per step)
+  pair "ddp2-native-1gpu-bf16-256-gpu0 120 ddp_resnet50.py ${STEPS[*]}" \
+       "ddp2-native-1gpu-bf16-256-gpu1 120 ddp_resnet50.py ${STEPS[*]}"
+  bench ddp2-native-2gpu-bf16-256-default 0,1 120 "${TWO[@]}" ddp_resnet50.py --no-gradient-as-bucket-view "${STEPS[@]}"
+  bench ddp2-native-2gpu-bf16-256-bv 0,1 120 "${TWO[@]}" ddp_resnet50.py --gradient-as-bucket-view "${STEPS[@]}"
+  bench ddp2-native-2gpu-bf16-256-bv-nobb 0,1 120 "${TWO[@]}" ddp_resnet50.py --gradient-as-bucket-view \
+    --no-broadcast-buffers "${STEPS[@]}"
+  NCCL_MAX_NCHANNELS=4 bench ddp2-native-2gpu-bf16-256-bv-nch4 0,1 120 "${TWO[@]}" ddp_resnet50.py \
+    --gradient-as-bucket-view "${STEPS[@]}"
+  bench ddp2-native-2gpu-bf16-256-bv-static 0,1 120 "${TWO[@]}" ddp_resnet50.py --gradient-as-bucket-view \
+    --static-graph "${STEPS[@]}"
+}
+
+section_twins2() {  # session 2, issue 3: the Lightning launcher against torchrun, with the DDP options of ddp2
+  bench twins2-lightning-2gpu-bf16-256-bv 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 \
+    --gradient-as-bucket-view "${STEPS[@]}"
+  bench twins2-lightning-torchrun-2gpu-bf16-256-bv 0,1 150 "${TWO[@]}" lightning/ddp_resnet50.py --devices 2 \
+    --gradient-as-bucket-view "${STEPS[@]}"
+  OMP_NUM_THREADS=1 bench twins2-lightning-omp1-2gpu-bf16-256-bv 0,1 150 "$PY" lightning/ddp_resnet50.py \
+    --devices 2 --gradient-as-bucket-view "${STEPS[@]}"
+  bench twins2-native-2gpu-bf16-256-bv 0,1 120 "${TWO[@]}" ddp_resnet50.py --gradient-as-bucket-view "${STEPS[@]}"
+}
+
+section_fsdp() {  # session 2, issue 4: FSDP2 units and all-gather dtype; PYTHONPATH must hold fairscale
+  local shard=(--warmup-steps 10 --steps 50)
+  bench fsdp-stage 0,1 200 "${TWO[@]}" oss_benchmark.py --strategy ddp,fsdp_zero2,fsdp_zero3 --fsdp-units stage \
+    "${shard[@]}"
+  bench fsdp-model 0,1 150 "${TWO[@]}" oss_benchmark.py --strategy fsdp_zero2,fsdp_zero3 --fsdp-units model \
+    "${shard[@]}"
+  bench fsdp-stage-bf16gather 0,1 150 "${TWO[@]}" oss_benchmark.py --strategy fsdp_zero2,fsdp_zero3 \
+    --fsdp-units stage --fsdp-param-dtype compute "${shard[@]}"
 }
 
 section_oom() {
