@@ -164,6 +164,55 @@ section_fsdp() {  # session 2, issue 4: FSDP2 units and all-gather dtype; PYTHON
     --fsdp-units stage --fsdp-param-dtype compute "${shard[@]}"
 }
 
+section_compile2() {  # session 2, issue 7: batch 512, fp16 with a fixed loss scale, compiled DDP on 2 GPUs
+  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
+  pair "compile2-native-1gpu-bf16-512-compile-graphs 300 ddp_resnet50.py --batch-size-per-device 512 --compile ${graphs[*]}" \
+       "compile2-native-1gpu-fp16ls-256-compile-graphs 300 ddp_resnet50.py --precision fp16 --loss-scale 1024 --compile ${graphs[*]}"
+  bench compile2-native-2gpu-bf16-256-compile-bv-noopt 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --gradient-as-bucket-view --compiled-ddp no_optimization "${STEPS[@]}"
+  bench compile2-native-2gpu-bf16-256-compile-bv 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --gradient-as-bucket-view "${STEPS[@]}"
+  bench compile2-native-2gpu-bf16-256-compile-graphs-bv 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --gradient-as-bucket-view "${graphs[@]}"
+}
+
+section_lprobe() {  # session 2, issue 3 diagnosis: Lightning's DDP with one of its setup details changed
+  cat >/tmp/lprobe.py <<'PYEOF'
+import os, runpy, sys
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from lightning.pytorch.strategies import DDPStrategy
+mode = sys.argv.pop(1)
+if mode == "nostream":  # DDP built on the current stream, as native (Lightning builds it on a side stream)
+    DDPStrategy._setup_model = lambda self, model: DistributedDataParallel(
+        module=model, device_ids=self.determine_ddp_device_ids(), **self._ddp_kwargs)
+if mode == "deviceid":  # NCCL initialised eagerly with the device, as native
+    original = torch.distributed.init_process_group
+    def init(*args, **kwargs):
+        kwargs.setdefault("device_id", torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+        return original(*args, **kwargs)
+    torch.distributed.init_process_group = init
+sys.argv[0] = "lightning/ddp_resnet50.py"
+runpy.run_path("lightning/ddp_resnet50.py", run_name="__main__")
+PYEOF
+  bench lprobe-lightning-2gpu-bf16-256-bv-nostream 0,1 150 "${TWO[@]}" /tmp/lprobe.py nostream --devices 2 \
+    --gradient-as-bucket-view "${STEPS[@]}"
+  bench lprobe-lightning-2gpu-bf16-256-bv-deviceid 0,1 150 "${TWO[@]}" /tmp/lprobe.py deviceid --devices 2 \
+    --gradient-as-bucket-view "${STEPS[@]}"
+}
+
+section_ddp3() {  # session 2, issue 2: smaller buckets shorten the all-reduce left after backward
+  bench ddp3-native-2gpu-bf16-256-bv-nobb-b10 0,1 120 "${TWO[@]}" ddp_resnet50.py --gradient-as-bucket-view \
+    --no-broadcast-buffers --bucket-cap-mb 10 "${STEPS[@]}"
+  bench ddp3-native-2gpu-bf16-256-bv-b10 0,1 120 "${TWO[@]}" ddp_resnet50.py --gradient-as-bucket-view \
+    --bucket-cap-mb 10 "${STEPS[@]}"
+}
+
+section_fsdp2() {  # session 2, issue 4: one FSDP unit with the all-gather in bf16
+  bench fsdp2-model-bf16gather 0,1 150 "${TWO[@]}" oss_benchmark.py --strategy fsdp_zero2,fsdp_zero3 \
+    --fsdp-units model --fsdp-param-dtype compute --warmup-steps 10 --steps 50
+}
+
 section_oom() {
   # A batch that cannot fit in 141 GB: every rank must end, rank 0 writing status "oom".
   bench native-2gpu-oom 0,1 120 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 4096 --warmup-steps 1 --steps 1
