@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import datetime
 import importlib.metadata
+import inspect
 import json
 import math
 import os
@@ -133,8 +134,9 @@ def add_harness_arguments(parser):
 
 def add_ddp_arguments(parser, cuda_graphs):
     parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
-    parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=False,
-                        help="let gradients alias DDP's buckets (saves a copy and memory)")
+    parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
+                        help="let gradients alias DDP's buckets: saves DDP's copy of every gradient back from its "
+                             "bucket after the all-reduce (and the memory); PyTorch's own default is off")
     parser.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
                         help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward; "
                              "without it each rank keeps its own statistics")
@@ -194,6 +196,13 @@ def resolve_ddp_options(args, config, world_size):
     if args.compiled_ddp:
         torch._dynamo.config.optimize_ddp = args.compiled_ddp
         torch._dynamo.config.compiled_autograd = args.compiled_ddp == "python_reducer"
+
+
+def ddp_buffer_option(config):
+    """DDP's keyword for the buffer broadcast: broadcast_buffers, renamed forward_sync_buffers in newer torch."""
+    name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(
+        DistributedDataParallel.__init__).parameters else "broadcast_buffers"
+    return {name: config["broadcast_buffers"]}
 
 
 def sgd_implementation(config):
@@ -939,7 +948,7 @@ def main(argv=None):
                 model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                 bucket_cap_mb=config["bucket_cap_mb"],
                                                 static_graph=config["static_graph"],
-                                                broadcast_buffers=config["broadcast_buffers"],
+                                                **ddp_buffer_option(config),
                                                 gradient_as_bucket_view=config["gradient_as_bucket_view"])
         optimizer = make_optimizer(model.parameters(), config)
         scaler = torch.amp.GradScaler(device.type) if config["grad_scaler"] else None

@@ -13,7 +13,7 @@ after another in the order ddp, zero1, fsdp_zero2, fsdp_zero3, oss_ddp, oss_shar
     oss_sharded_ddp  fairscale ShardedDataParallel + OSS (gradients reduced to their owner, ZeRO-2)
     zero1            DDP + torch.distributed.optim.ZeroRedundancyOptimizer
     zero1_overlap    the same, its step and broadcast run inside DDP's backward (ZeRO comm hook; NCCL only)
-    fsdp_zero2       FSDP2 fully_shard per --fsdp-units (default stage), reshard_after_forward=False
+    fsdp_zero2       FSDP2 fully_shard per --fsdp-units (default model), reshard_after_forward=False
     fsdp_zero3       FSDP2 fully_shard per --fsdp-units, reshard_after_forward=True
 
 Launch recipes (two ranks at least: sharding over one rank means nothing):
@@ -44,6 +44,7 @@ import contextlib
 import datetime
 import gc
 import importlib.metadata
+import inspect
 import json
 import math
 import os
@@ -182,8 +183,9 @@ def add_harness_arguments(parser):
 
 def add_ddp_arguments(parser, cuda_graphs):
     parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
-    parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=False,
-                        help="let gradients alias DDP's buckets (saves a copy and memory)")
+    parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
+                        help="let gradients alias DDP's buckets: saves DDP's copy of every gradient back from its "
+                             "bucket after the all-reduce (and the memory); PyTorch's own default is off")
     parser.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
                         help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward; "
                              "without it each rank keeps its own statistics")
@@ -243,6 +245,13 @@ def resolve_ddp_options(args, config, world_size):
     if args.compiled_ddp:
         torch._dynamo.config.optimize_ddp = args.compiled_ddp
         torch._dynamo.config.compiled_autograd = args.compiled_ddp == "python_reducer"
+
+
+def ddp_buffer_option(config):
+    """DDP's keyword for the buffer broadcast: broadcast_buffers, renamed forward_sync_buffers in newer torch."""
+    name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(
+        DistributedDataParallel.__init__).parameters else "broadcast_buffers"
+    return {name: config["broadcast_buffers"]}
 
 
 def sgd_implementation(config):
@@ -950,7 +959,7 @@ def build_parser():
     parser.add_argument("--sharded-reduce-buffer", type=non_negative_int, default=2**23,
                         help="ShardedDDP reduce_buffer_size in elements (fairscale's default; its docs advise 0 "
                              "on a single node)")
-    parser.add_argument("--fsdp-units", choices=["block", "stage", "model"], default="stage",
+    parser.add_argument("--fsdp-units", choices=["block", "stage", "model"], default="model",
                         help="what fsdp_zero2/3 shard as one unit (one all-gather and one reduce-scatter each): "
                              "every block (ResNet bottleneck), every stage (layer1..4), or the whole model")
     parser.add_argument("--fsdp-param-dtype", choices=["fp32", "compute"], default="fp32",
@@ -1146,7 +1155,7 @@ def wrap_strategy(strategy, model, config, device, mesh, channels_last):
     if strategy in ("ddp", "zero1", "zero1_overlap", "oss_ddp"):
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                         bucket_cap_mb=config["bucket_cap_mb"], static_graph=config["static_graph"],
-                                        broadcast_buffers=config["broadcast_buffers"],
+                                        **ddp_buffer_option(config),
                                         gradient_as_bucket_view=config["gradient_as_bucket_view"])
     if strategy == "ddp":
         optimizer = opt_class(model.parameters(), **kwargs)

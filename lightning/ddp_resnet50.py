@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import datetime
 import importlib.metadata
+import inspect
 import json
 import logging
 import math
@@ -44,6 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import torchvision
+from torch.nn.parallel import DistributedDataParallel
 
 try:
     import lightning as L
@@ -140,8 +142,9 @@ def add_harness_arguments(parser):
 
 def add_ddp_arguments(parser, cuda_graphs):
     parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
-    parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=False,
-                        help="let gradients alias DDP's buckets (saves a copy and memory)")
+    parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
+                        help="let gradients alias DDP's buckets: saves DDP's copy of every gradient back from its "
+                             "bucket after the all-reduce (and the memory); PyTorch's own default is off")
     parser.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
                         help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward; "
                              "without it each rank keeps its own statistics")
@@ -201,6 +204,13 @@ def resolve_ddp_options(args, config, world_size):
     if args.compiled_ddp:
         torch._dynamo.config.optimize_ddp = args.compiled_ddp
         torch._dynamo.config.compiled_autograd = args.compiled_ddp == "python_reducer"
+
+
+def ddp_buffer_option(config):
+    """DDP's keyword for the buffer broadcast: broadcast_buffers, renamed forward_sync_buffers in newer torch."""
+    name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(
+        DistributedDataParallel.__init__).parameters else "broadcast_buffers"
+    return {name: config["broadcast_buffers"]}
 
 
 def sgd_implementation(config):
@@ -1060,7 +1070,7 @@ def main(argv=None):
             strategy = DDPStrategy(process_group_backend=config["backend"],
                                    timeout=datetime.timedelta(seconds=config["timeout_s"]),
                                    bucket_cap_mb=config["bucket_cap_mb"], static_graph=config["static_graph"],
-                                   broadcast_buffers=config["broadcast_buffers"],
+                                   **ddp_buffer_option(config),
                                    gradient_as_bucket_view=config["gradient_as_bucket_view"])
         else:
             strategy = "auto"  # one device: no DDP wrapper, as native

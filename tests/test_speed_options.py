@@ -8,7 +8,7 @@ from conftest import NATIVE, SMALL, expect_usage_error, pretend_gpus, read_resul
 
 @pytest.mark.parametrize("argv,rule", [
     (["--cuda-graphs", "--device", "cpu"], "--cuda-graphs needs --device cuda"),
-    (["--cuda-graphs", "--precision", "fp16", "--warmup-steps", "20"], "--cuda-graphs needs --precision bf16 or fp32"),
+    (["--cuda-graphs", "--precision", "fp16", "--warmup-steps", "20"], "--cuda-graphs with fp16 needs a fixed --loss-scale"),
     (["--cuda-graphs", "--compile-mode", "reduce-overhead", "--warmup-steps", "20"], "captures its own CUDA graphs"),
     (["--cuda-graphs", "--compile-mode", "max-autotune", "--warmup-steps", "20"], "captures its own CUDA graphs"),
     (["--cuda-graphs", "--warmup-steps", "1"], "--cuda-graphs needs --warmup-steps >= 2"),

@@ -213,6 +213,21 @@ section_fsdp2() {  # session 2, issue 4: one FSDP unit with the all-gather in bf
     --fsdp-units model --fsdp-param-dtype compute --warmup-steps 10 --steps 50
 }
 
+section_final2() {  # session 2: the new defaults (gradient_as_bucket_view, one FSDP unit), twice where it matters
+  pair "final2-native-1gpu-bf16-256 120 ddp_resnet50.py ${STEPS[*]}" \
+       "final2-native-1gpu-bf16-256-compile 300 ddp_resnet50.py --compile ${STEPS[*]}"
+  bench final2-native-2gpu-bf16-256 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
+  bench final2-lightning-2gpu-bf16-256 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 "${STEPS[@]}"
+  bench final2-sharding-2gpu-bf16-256-sgd 0,1 200 "${TWO[@]}" oss_benchmark.py --strategy all --warmup-steps 10 \
+    --steps 50
+  bench final2-sharding-2gpu-bf16-256-adam 0,1 150 "${TWO[@]}" oss_benchmark.py --strategy ddp,fsdp_zero2,fsdp_zero3 \
+    --optimizer adam --warmup-steps 10 --steps 50
+  bench final2-lightning-2gpu-bf16-256-compile 0,1 300 "$PY" lightning/ddp_resnet50.py --devices 2 --compile \
+    "${STEPS[@]}"
+  bench final2-native-2gpu-bf16-256-compile-noopt 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --compiled-ddp no_optimization "${STEPS[@]}"
+}
+
 section_oom() {
   # A batch that cannot fit in 141 GB: every rank must end, rank 0 writing status "oom".
   bench native-2gpu-oom 0,1 120 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 4096 --warmup-steps 1 --steps 1
