@@ -228,6 +228,11 @@ section_final2() {  # session 2: the new defaults (gradient_as_bucket_view, one 
     --compiled-ddp no_optimization "${STEPS[@]}"
 }
 
+section_fsdp3() {  # session 2, issue 4: fsdp_zero2 with Adam again (its first run had a 4 % MAD)
+  bench fsdp3-sharding-2gpu-bf16-256-adam 0,1 120 "${TWO[@]}" oss_benchmark.py --strategy ddp,fsdp_zero2 \
+    --optimizer adam --warmup-steps 10 --steps 50
+}
+
 section_oom() {
   # A batch that cannot fit in 141 GB: every rank must end, rank 0 writing status "oom".
   bench native-2gpu-oom 0,1 120 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 4096 --warmup-steps 1 --steps 1
