@@ -431,6 +431,11 @@ def collect_host_hardware(device_type):
 
 
 def collect_git():
+    # A launcher that knows better says so: a copy of the tree (a cluster, the device machine) may carry a .git
+    # whose HEAD is not the code that runs.
+    if os.environ.get("BENCH_GIT_COMMIT"):
+        dirty = os.environ.get("BENCH_GIT_DIRTY")
+        return {"commit": os.environ["BENCH_GIT_COMMIT"], "dirty": None if dirty is None else dirty == "1"}
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         head = subprocess.run(["git", "-C", here, "rev-parse", "--verify", "-q", "HEAD"], capture_output=True,
@@ -441,9 +446,7 @@ def collect_git():
             return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
         pass
-    # A copy without .git (a cluster, the device machine): the launcher may say what it was.
-    dirty = os.environ.get("BENCH_GIT_DIRTY")
-    return {"commit": os.environ.get("BENCH_GIT_COMMIT"), "dirty": None if dirty is None else dirty == "1"}
+    return {"commit": None, "dirty": None}
 
 
 def model_flops_per_image(build_model, image_size):

@@ -233,10 +233,6 @@ section_fsdp3() {  # session 2, issue 4: fsdp_zero2 with Adam again (its first r
     --optimizer adam --warmup-steps 10 --steps 50
 }
 
-section_lightning3() {  # session 2, issue 3: the Lightning twin with DDP built on the current stream
-  bench lightning3-lightning-2gpu-bf16-256 0,1 120 "$PY" lightning/ddp_resnet50.py --devices 2 "${STEPS[@]}"
-}
-
 section_oom() {
   # A batch that cannot fit in 141 GB: every rank must end, rank 0 writing status "oom".
   bench native-2gpu-oom 0,1 120 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 4096 --warmup-steps 1 --steps 1
