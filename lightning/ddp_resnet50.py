@@ -895,6 +895,9 @@ def parse_arguments(argv=None):
     parser.add_argument("--lightning-sigterm-sync", action="store_true",
                         help="keep Lightning's own per-step SIGTERM check, a broadcast that the host reads back "
                              "(a device sync every step); by default the harness's host-side check replaces it")
+    parser.add_argument("--lightning-ddp-side-stream", action="store_true",
+                        help="build DDP on a new CUDA stream, as Lightning's DDPStrategy does (1.1 ms a step on "
+                             "2 H200); by default it is built on the current stream, as in the native script")
     return parser.parse_args(argv)
 
 
@@ -955,8 +958,9 @@ def make_optimizer(parameters, config):
 class CurrentStreamDDPStrategy(DDPStrategy):
     """Lightning's DDPStrategy, except that DDP is built on the current CUDA stream, as in the native script.
     Lightning builds it on a new side stream (PyTorch's rule for DDP inside a captured CUDA graph, which this
-    script does not do); measured on 2 H200 at 256 images per GPU, that cost 1.1 ms a step (0.984 of native),
-    built on the current stream 1.00 (results/nvidia-h200-x2-2026-11-30/)."""
+    script does not do); measured on 2 H200 at 256 images per GPU, that cost 1.1 ms a step (0.984 of native;
+    built on the current stream 1.00: docs/diagnostics/lightning-ddp-stream/). --lightning-ddp-side-stream
+    keeps Lightning's way."""
 
     def _setup_model(self, model):
         return DistributedDataParallel(module=model, device_ids=self.determine_ddp_device_ids(), **self._ddp_kwargs)
@@ -1067,7 +1071,8 @@ def main(argv=None):
     config = resolve_harness_config(args, launch, STRATEGY, cuda_available, device_count, bf16_supported)
     resolve_ddp_options(args, config, launch["world_size"])
     config.update(model="resnet50", optimizer="sgd", optimizer_impl=sgd_implementation(config),
-                  lightning_sigterm_sync=args.lightning_sigterm_sync, devices=args.devices, num_nodes=args.num_nodes,
+                  lightning_sigterm_sync=args.lightning_sigterm_sync,
+                  lightning_ddp_side_stream=args.lightning_ddp_side_stream, devices=args.devices, num_nodes=args.num_nodes,
                   trainer_precision=resolve_trainer_precision(config["precision"]),
                   lightning=package_version("lightning"))
     rank, world_size = launch["rank"], launch["world_size"]
@@ -1080,11 +1085,12 @@ def main(argv=None):
         torch.manual_seed(config["seed"])  # identical initial weights on every rank
         module = ResNet50Benchmark(config, args, result, stop, wall_start)
         if world_size > 1:
-            strategy = CurrentStreamDDPStrategy(process_group_backend=config["backend"],
-                                                timeout=datetime.timedelta(seconds=config["timeout_s"]),
-                                                bucket_cap_mb=config["bucket_cap_mb"],
-                                                static_graph=config["static_graph"], **ddp_buffer_option(config),
-                                                gradient_as_bucket_view=config["gradient_as_bucket_view"])
+            strategy_class = DDPStrategy if config["lightning_ddp_side_stream"] else CurrentStreamDDPStrategy
+            strategy = strategy_class(process_group_backend=config["backend"],
+                                      timeout=datetime.timedelta(seconds=config["timeout_s"]),
+                                      bucket_cap_mb=config["bucket_cap_mb"], static_graph=config["static_graph"],
+                                      **ddp_buffer_option(config),
+                                      gradient_as_bucket_view=config["gradient_as_bucket_view"])
         else:
             strategy = "auto"  # one device: no DDP wrapper, as native
         quiet_lightning()
