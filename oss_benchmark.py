@@ -1035,6 +1035,9 @@ def resolve_strategies(args, explicit):
         raise UsageError("--compile is not supported by oss_benchmark.py: the strategies' own hooks (fairscale, "
                          "the ZeRO comm hook, the phase instrumentation) are measured eagerly; ddp_resnet50.py "
                          "--compile measures compiled DDP")
+    if args.fsdp_param_dtype == "compute" and args.device == "cpu":
+        raise UsageError("--fsdp-param-dtype compute needs --device cuda: CPU autocast runs BatchNorm in fp32 and "
+                         "refuses the bf16 weights FSDP would gather")
     if args.model not in torchvision.models.list_models(module=torchvision.models):
         raise UsageError(f"--model {args.model} is not a torchvision classification model "
                          f"(e.g. resnet50, resnet101, resnet18, convnext_tiny)")

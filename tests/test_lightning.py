@@ -38,6 +38,9 @@ def test_lightning_result_fields(lightning_two_rank):
     assert result["world"]["launcher"] == "lightning" and result["world"]["world_size"] == 2
     config = result["config"]
     assert (config["devices"], config["num_nodes"], config["trainer_precision"]) == (2, 1, "32-true")
+    # the DDP options the native script uses, and DDP built on the current stream as native builds it
+    assert (config["gradient_as_bucket_view"], config["broadcast_buffers"], config["lightning_ddp_side_stream"],
+            config["lightning_sigterm_sync"]) == (True, True, False, False)
     assert result["checks"]["steps_run_per_rank"] == [6, 6]  # warm-up + timed on every rank
     assert result["checks"]["parameters_synchronized"] and result["throughput"]["timed_steps"] == 4
     assert proc.stdout.count("== lightning/ddp_resnet50.py") == 1 and "| lightning_ddp | 2 |" in proc.stdout

@@ -5,6 +5,7 @@ import math
 import re
 
 import pytest
+import torch
 
 from conftest import OSS, SMALL, clean_env, load_script, one_error_line, read_result, run_script
 from test_faults import finish, launch_by_hand
@@ -78,6 +79,32 @@ def test_measured_collectives_match_the_analytic_volumes(all_run):
     gathers = {s: results[s]["analysis"]["collectives"]["measured_per_step"]["all-gather"]["count"]
                for s in ("fsdp_zero2", "fsdp_zero3")}
     assert gathers["fsdp_zero3"] == 2 * gathers["fsdp_zero2"] == 2 * results["fsdp_zero2"]["analysis"]["fsdp_units"]
+
+
+def test_fsdp_units_decide_the_collectives(script, tmp_path):
+    """--fsdp-units decides the unit count: one all-gather and one reduce-scatter each, the same bytes.
+    ResNet-18: 8 blocks, 4 stages (plus the root, always a unit)."""
+    model = script.build_model("resnet18")
+    assert [len(script.fsdp_units(model, units)) for units in ("block", "stage", "model")] == [8, 4, 0]
+    output = tmp_path / "fsdp.json"
+    proc = run_script(OSS, [*TINY, "--model", "resnet18", "--strategy", "fsdp_zero2", "--fsdp-units", "stage",
+                            "--output", str(output)], nproc=2, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = read_result(output)
+    analysis, config = result["analysis"], result["config"]
+    assert (config["fsdp_units"], config["fsdp_param_dtype"], analysis["fsdp_units"]) == ("stage", "fp32", 5)
+    measured = analysis["collectives"]["measured_per_step"]
+    assert measured["all-gather"] == {"count": 5, "bytes": analysis["parameter_bytes"] / 2}  # 1/N each
+    assert measured["reduce-scatter"] == {"count": 5, "bytes": analysis["parameter_bytes"]}
+    assert result["checks"]["parameters_synchronized"] is True
+
+
+def test_bf16_gathers_halve_the_analytic_all_gather(script):
+    config = {"precision": "bf16", "fsdp_param_dtype": "compute"}
+    assert script.fsdp_gather_dtype(config) is torch.bfloat16
+    assert script.fsdp_gather_dtype({**config, "fsdp_param_dtype": "fp32"}) is None
+    volumes = script.analytic_volumes("fsdp_zero3", 100, 0, 2, gathered_bytes=50)
+    assert volumes == {"all-gather": 50, "reduce-scatter": 100}
 
 
 def test_phase_breakdown_names_each_strategys_phases(all_run):
@@ -191,6 +218,8 @@ def test_missing_fairscale_names_the_extra(tmp_path):
     (["--device", "cpu", "--strategy", "ddp"], "sharding needs at least 2 ranks"),
     (["--table", "/nonexistent/result.json"], "cannot read /nonexistent/result.json"),
     (["--phase-steps", "-1"], "must be zero or a positive integer"),
+    (["--device", "cpu", "--fsdp-param-dtype", "compute"], "--fsdp-param-dtype compute needs --device cuda"),
+    (["--fsdp-units", "layer"], "invalid choice"),
 ])
 def test_bad_input_raises_one_rule(script, monkeypatch, argv, message):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID"):

@@ -15,6 +15,9 @@ from conftest import NATIVE, SMALL, expect_usage_error, pretend_gpus, read_resul
     (["--compiled-ddp", "python_reducer"], "--compiled-ddp needs --compile"),
     (["--compile-mode", "fastest"], "invalid choice"),
     (["--bucket-cap-mb", "0"], "must be a positive finite number"),
+    (["--loss-scale", "1024"], "--loss-scale 1024 needs --precision fp16"),
+    (["--loss-scale", "1000", "--precision", "fp16"], "must be dynamic or a power of two"),
+    (["--loss-scale", "0.5", "--precision", "fp16"], "must be dynamic or a power of two"),
 ])
 def test_bad_combinations(native, argv, rule, tmp_path, monkeypatch, capsys):
     pretend_gpus(monkeypatch, count=2)
@@ -39,15 +42,38 @@ def test_fp16_uses_the_unfused_sgd(native, tmp_path):
         assert native.sgd_implementation(config) == impl, precision
 
 
+def test_a_fixed_fp16_loss_scale_replaces_the_grad_scaler_and_fits_a_graph(native, tmp_path):
+    args = native.parse_arguments(["--precision", "fp16", "--loss-scale", "1024", "--cuda-graphs",
+                                   "--warmup-steps", "2", "--output", str(tmp_path / "r.json")])
+    config = native.resolve_harness_config(args, native.detect_launch({}), "ddp", True, 1, True)
+    native.resolve_ddp_options(args, config, 1)
+    assert (config["loss_scale"], config["grad_scaler"], config["cuda_graphs"]) == (1024.0, False, True)
+    assert native.sgd_implementation(config) == "fused"  # no GradScaler, so the fused kernel is safe again
+    args = native.parse_arguments(["--precision", "fp16", "--output", str(tmp_path / "r.json")])
+    config = native.resolve_harness_config(args, native.detect_launch({}), "ddp", True, 1, True)
+    native.resolve_ddp_options(args, config, 1)
+    assert (config["loss_scale"], config["grad_scaler"]) == ("dynamic", True)
+
+
 def test_ddp_options_reach_the_run_and_the_result(tmp_path):
     output = tmp_path / "ddp-options.json"
-    proc = run_script(NATIVE, [*SMALL, "--steps", "2", "--bucket-cap-mb", "10", "--gradient-as-bucket-view",
-                               "--static-graph", "--output", str(output)], nproc=2)
+    proc = run_script(NATIVE, [*SMALL, "--steps", "2", "--bucket-cap-mb", "10", "--no-gradient-as-bucket-view",
+                               "--no-broadcast-buffers", "--static-graph", "--output", str(output)], nproc=2)
     assert proc.returncode == 0, proc.stderr
     result = read_result(output)
     config = result["config"]
-    assert (config["bucket_cap_mb"], config["gradient_as_bucket_view"], config["static_graph"]) == (10.0, True, True)
+    assert (config["bucket_cap_mb"], config["gradient_as_bucket_view"], config["static_graph"],
+            config["broadcast_buffers"]) == (10.0, False, True, False)
     assert result["checks"]["parameters_synchronized"] is True
+
+
+def test_ddp_defaults_use_bucket_views_and_broadcast_buffers(native, tmp_path):
+    config = native.resolve_harness_config(native.parse_arguments(["--output", str(tmp_path / "r.json")]),
+                                           native.detect_launch({}), "ddp", True, 1, True)
+    native.resolve_ddp_options(native.parse_arguments(["--output", str(tmp_path / "r.json")]), config, 1)
+    assert (config["gradient_as_bucket_view"], config["broadcast_buffers"], config["loss_scale"]) == (True, True, None)
+    key, = native.ddp_buffer_option(config)  # the keyword this torch's DDP takes
+    assert key in ("broadcast_buffers", "forward_sync_buffers")
 
 
 def test_compile_runs_end_to_end(tmp_path):
