@@ -211,8 +211,20 @@ def device_name_of(config, hardware):
     return " + ".join(names) or None  # None: the run failed before it looked at its hardware
 
 
+def effective_options(config, benchmark, world_size):
+    """The recorded options, with the compiled-DDP mode a run used when it recorded none: a compiled native
+    run over several ranks split its graph at DDP's buckets (PyTorch's default, ddp_optimizer); the Lightning
+    twin compiles the ResNet inside DDP, so its all-reduce follows the compiled backward (no_optimization)."""
+    if config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config:
+        default = {NATIVE: "ddp_optimizer", LIGHTNING: "no_optimization"}.get(benchmark)
+        if default:
+            return {**config, "compiled_ddp": default}
+    return config
+
+
 def make_run(path, result):
-    config, world = result["config"], result["world"]
+    world = result["world"]
+    config = effective_options(result["config"], result["benchmark"], world["world_size"])
     hardware = result.get("hardware") or {}
     throughput = result.get("throughput") or {}
     memory = result.get("memory") or {}

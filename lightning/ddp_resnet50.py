@@ -989,7 +989,7 @@ class ResNet50Benchmark(L.LightningModule):
         check_rank_agreement(self.config, self.hardware, self.monitor, world_size)
         if self.global_rank == 0:
             print_environment(self.result, self.config)
-        if self.config["compile"]:  # the ResNet alone, as native: DDP's buckets split the compiled graph
+        if self.config["compile"]:  # the ResNet alone: DDP then wraps the compiled module (no_optimization)
             self.model = torch.compile(self.model, mode=None if self.config["compile_mode"] == "default"
                                        else self.config["compile_mode"])
 
@@ -1070,6 +1070,11 @@ def main(argv=None):
     bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
     config = resolve_harness_config(args, launch, STRATEGY, cuda_available, device_count, bf16_supported)
     resolve_ddp_options(args, config, launch["world_size"])
+    if args.compiled_ddp not in (None, "no_optimization"):
+        raise UsageError(f"--compiled-ddp {args.compiled_ddp} cannot apply here: Lightning wraps the compiled ResNet "
+                         f"in DDP, so DDP's all-reduce follows the compiled backward (native's no_optimization)")
+    if config["compile"] and launch["world_size"] > 1:
+        config["compiled_ddp"] = "no_optimization"  # what wrapping the compiled module in DDP amounts to
     config.update(model="resnet50", optimizer="sgd", optimizer_impl=sgd_implementation(config),
                   lightning_sigterm_sync=args.lightning_sigterm_sync,
                   lightning_ddp_side_stream=args.lightning_ddp_side_stream, devices=args.devices, num_nodes=args.num_nodes,
