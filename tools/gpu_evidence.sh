@@ -6,7 +6,8 @@
 #   tools/gpu_evidence.sh SECTION... [--out DIR]
 #
 # Sections: native (issue 2), lightning (issue 3), graphs and compile (issue 7), sharding (issue 4), oom (issue 9);
-# the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7).
+# the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7), and more below;
+# confirm3 is prepared for the next device session and has not been run.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log; a summary table is printed last.
 # Keep NVLink multicast off (the machine's rule): exported here, inherited by every child process.
 set -uo pipefail
@@ -231,6 +232,20 @@ section_final2() {  # session 2: the new defaults (gradient_as_bucket_view, one 
 section_fsdp3() {  # session 2, issue 4: fsdp_zero2 with Adam again (its first run had a 4 % MAD)
   bench fsdp3-sharding-2gpu-bf16-256-adam 0,1 120 "${TWO[@]}" oss_benchmark.py --strategy ddp,fsdp_zero2 \
     --optimizer adam --warmup-steps 10 --steps 50
+}
+
+section_confirm3() {  # prepared for the next device session, not yet run: what 2026-11-30 left unconfirmed
+  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
+  bench confirm3-native-2gpu-bf16-256 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
+  bench confirm3-lightning-2gpu-bf16-256 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 "${STEPS[@]}"
+  bench confirm3-lightning-2gpu-bf16-256-b 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 "${STEPS[@]}"
+  bench confirm3-native-2gpu-bf16-256-b 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
+  bench confirm3-lightning-2gpu-bf16-256-compile 0,1 300 "$PY" lightning/ddp_resnet50.py --devices 2 --compile \
+    "${STEPS[@]}"
+  bench confirm3-native-2gpu-bf16-256-compile-noopt 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --compiled-ddp no_optimization "${STEPS[@]}"
+  bench confirm3-native-2gpu-bf16-256-compile-noopt-graphs 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --compiled-ddp no_optimization "${graphs[@]}"
 }
 
 section_oom() {
