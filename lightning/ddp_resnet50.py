@@ -896,7 +896,7 @@ def parse_arguments(argv=None):
                         help="keep Lightning's own per-step SIGTERM check, a broadcast that the host reads back "
                              "(a device sync every step); by default the harness's host-side check replaces it")
     parser.add_argument("--lightning-ddp-side-stream", action="store_true",
-                        help="build DDP on a new CUDA stream, as Lightning's DDPStrategy does (1.1 ms a step on "
+                        help="build DDP on a new CUDA stream, as Lightning's DDPStrategy does (1.0 ms a step on "
                              "2 H200); by default it is built on the current stream, as in the native script")
     return parser.parse_args(argv)
 
@@ -958,7 +958,7 @@ def make_optimizer(parameters, config):
 class CurrentStreamDDPStrategy(DDPStrategy):
     """Lightning's DDPStrategy, except that DDP is built on the current CUDA stream, as in the native script.
     Lightning builds it on a new side stream (PyTorch's rule for DDP inside a captured CUDA graph, which this
-    script does not do); measured on 2 H200 at 256 images per GPU, that cost 1.1 ms a step (0.984 of native;
+    script does not do); measured on 2 H200 at 256 images per GPU, that cost 1.0 ms a step (0.984 of native;
     built on the current stream 1.00: docs/diagnostics/lightning-ddp-stream/). --lightning-ddp-side-stream
     keeps Lightning's way."""
 

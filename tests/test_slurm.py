@@ -143,7 +143,6 @@ def test_strong_scaling_sweep_keeps_the_global_batch(cluster, results_dir):
     assert batches == [("global", 4, 4), ("global", 4, 2)]
 
 
-@pytest.mark.skipif(not OSS.exists(), reason="oss_benchmark.py has not landed yet")
 def test_oss_sbatch_runs_each_strategy_in_one_job(cluster, results_dir):
     # Two strategies, not the default `all`: every strategy of `all` costs a CPU job's worth of time here,
     # and two already show the sequence of strategies in one Slurm job and the per-strategy result files.

@@ -30,7 +30,11 @@ STEPS=(--warmup-steps 10 --steps 100)
 bench() {  # bench NAME GPUS LIMIT_S COMMAND... : one run, its log, its exit code in the log
   local name=$1 gpus=$2 limit=$3
   shift 3
-  echo "[$(date -u +%H:%M:%S)] $name (GPU $gpus): $*" | tee -a "$OUT_DIR/commands.txt"
+  local var given=""
+  for var in NCCL_MAX_NCHANNELS OMP_NUM_THREADS NCCL_DEBUG NCCL_DEBUG_SUBSYS; do  # set for this run only
+    [ -n "${!var:-}" ] && given+="$var=${!var} "
+  done
+  echo "[$(date -u +%H:%M:%S)] $name (GPU $gpus): $given$*" | tee -a "$OUT_DIR/commands.txt"
   CUDA_VISIBLE_DEVICES=$gpus timeout --kill-after 15 "$limit" "$@" --output "$RES/$name.json" \
     >"$LOGS/$name.log" 2>&1
   echo "exit $? after $SECONDS s" >>"$LOGS/$name.log"
