@@ -113,11 +113,13 @@ DEFAULT_BATCH_GPU, DEFAULT_BATCH_CPU = 256, 8
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DESYNC, EXIT_OOM = 0, 1, 2, 3, 4
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Dense tensor-core peaks in TFLOP/s from the vendors' datasheets, for the hardware-efficiency figure.
+# H100/H200 figures are the SXM parts'; their PCIe and NVL parts run lower clocks and get no figure.
 PEAK_TFLOPS = {
     "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
     "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
     "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
 }
+SEED_LIMIT = 2**62  # torch.manual_seed takes 64 bits; the data seeds add 1 + rank
 
 
 class UsageError(Exception):
@@ -147,6 +149,20 @@ def positive_float(text):
     return value
 
 
+def seed_value(text):
+    value = int(text)
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**62 - 1, got {text}")
+    return value
+
+
+def timeout_seconds(text):
+    value = positive_int(text)
+    if value > 7 * 86400:
+        raise argparse.ArgumentTypeError(f"must be at most 604800 (7 days), got {text}")
+    return value
+
+
 def add_harness_arguments(parser):
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument("--batch-size-per-device", type=positive_int,
@@ -170,10 +186,11 @@ def add_harness_arguments(parser):
     parser.add_argument("--image-size", type=positive_int, default=224, help="square input size (default 224)")
     parser.add_argument("--lr", type=positive_float, default=0.1, help="learning rate (default 0.1)")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
-    parser.add_argument("--seed", type=int, default=0, help="weights seed; rank r's data uses seed + 1 + r")
-    parser.add_argument("--output", help="result JSON path (default runs/<script>-<strategy>-<world>-<time>.json)")
+    parser.add_argument("--seed", type=seed_value, default=0, help="weights seed; rank r's data uses seed + 1 + r")
+    parser.add_argument("--output", help="result JSON path (default runs/<script>-<strategy>-<world><device>-"
+                                         "<precision>-<Slurm job id or process id>.json)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
-    parser.add_argument("--timeout", type=positive_int, default=300,
+    parser.add_argument("--timeout", type=timeout_seconds, default=300,
                         help="seconds a collective may wait for the other ranks before the run fails (default 300)")
     # Test hooks: make one rank fail on purpose (desync, oom, crash) to prove the failure paths.
     parser.add_argument("--inject-fault", choices=["desync", "oom", "crash"], help=argparse.SUPPRESS)
@@ -285,13 +302,23 @@ def first_slurm_host(nodelist):
 def detect_launch(env):
     """Rank layout from torchrun's variables, else Slurm's (srun), else one process."""
     def integer(name):
+        if name not in env:
+            raise LaunchError(f"{name} is not set, but the other launcher variables are")
         try:
             return int(env[name])
         except ValueError:
             raise LaunchError(f"{name}={env[name]!r} is not an integer") from None
 
+    def port(name, default):
+        value = integer(name) if name in env else default
+        if not 1 <= value <= 65535:
+            raise LaunchError(f"{name}={value} is not a port (1-65535)")
+        return value
+
     launch = {"slurm_job_id": env.get("SLURM_JOB_ID")}
-    if "RANK" in env and "WORLD_SIZE" in env:
+    if ("RANK" in env) != ("WORLD_SIZE" in env):
+        raise LaunchError("RANK and WORLD_SIZE must be set together (or neither, for one process)")
+    if "RANK" in env:
         rank, world = integer("RANK"), integer("WORLD_SIZE")
         local_rank = integer("LOCAL_RANK") if "LOCAL_RANK" in env else rank
         local_world = integer("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world
@@ -301,7 +328,7 @@ def detect_launch(env):
         launch.update(launcher="torchrun" if "TORCHELASTIC_RUN_ID" in env else "env", rank=rank,
                       world_size=world, local_rank=local_rank, local_world_size=local_world,
                       num_nodes=world // local_world, master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-                      master_port=integer("MASTER_PORT") if "MASTER_PORT" in env else 29500)
+                      master_port=port("MASTER_PORT", 29500))
     elif "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:  # inside srun
         rank, world, local_rank = integer("SLURM_PROCID"), integer("SLURM_STEP_NUM_TASKS"), integer("SLURM_LOCALID")
         node, nodes = integer("SLURM_NODEID"), integer("SLURM_STEP_NUM_NODES")
@@ -323,7 +350,7 @@ def detect_launch(env):
         launch.update(launcher="slurm", rank=rank, world_size=world, local_rank=local_rank,
                       local_world_size=per_node[node], num_nodes=nodes,
                       master_addr=env.get("MASTER_ADDR") or first_slurm_host(nodelist),
-                      master_port=integer("MASTER_PORT") if "MASTER_PORT" in env else 15000 + job % 20000)
+                      master_port=port("MASTER_PORT", 15000 + job % 20000))
         if "SLURM_GPUS_ON_NODE" in env and integer("SLURM_GPUS_ON_NODE") < per_node[node]:
             launch["gpus_on_node"] = integer("SLURM_GPUS_ON_NODE")
     else:
@@ -372,11 +399,14 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
         raise UsageError(f"--inject-fault-rank {args.inject_fault_rank} is not a rank of {launch['world_size']}")
     precision = resolve_precision(args.precision, device_type, bf16_supported)
     batch_mode, per_device, global_batch = resolve_batch(args, launch["world_size"], device_type)
+    if per_device * math.ceil(args.image_size / 32) ** 2 < 2:
+        raise UsageError(f"batch {per_device} per device at {args.image_size} px leaves BatchNorm one value per "
+                         f"channel in the last stage (1/32 of the image size): use more images or larger ones")
     memory_format = args.memory_format
     if memory_format == "auto":
         memory_format = "channels_last" if device_type == "cuda" else "contiguous"
     compile_mode = args.compile_mode or ("default" if args.compile else None)
-    output = args.output or os.path.join("runs", f"{os.path.splitext(os.path.basename(BENCHMARK))[0]}-{strategy}-"
+    output = args.output if args.output is not None else os.path.join("runs", f"{os.path.splitext(os.path.basename(BENCHMARK))[0]}-{strategy}-"
                                                  f"{launch['world_size']}{device_type}-{precision}-"
                                                  f"{launch.get('slurm_job_id') or os.getpid()}.json")
     check_output_path(output, args.overwrite)
@@ -399,6 +429,8 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
 
 
 def check_output_path(path, overwrite):
+    if not path:
+        raise UsageError("--output is empty: give a file path or leave the option out")
     if os.path.isdir(path):
         raise UsageError(f"--output {path} is a directory, not a file path")
     if os.path.exists(path) and not overwrite:
@@ -412,9 +444,7 @@ def check_output_path(path, overwrite):
 
 
 def median(values):
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return percentile(values, 50)
 
 
 def percentile(values, q):
@@ -498,12 +528,21 @@ def collect_git():
     return {"commit": None, "dirty": None}
 
 
+def meta_model(build_model):
+    """The model on the meta device (shapes only, no memory): built there, or on the CPU and moved when its
+    initialisation needs real numbers (e.g. torchvision's RegNets)."""
+    try:
+        with torch.device("meta"):
+            return build_model()
+    except NotImplementedError:
+        return build_model().to("meta")
+
+
 def model_flops_per_image(build_model, image_size):
     """Training FLOPs (forward + backward) of one image, counted from the model's own operators."""
     from torch.utils.flop_counter import FlopCounterMode
-    with torch.device("meta"):
-        model = build_model()
-        images = torch.empty(2, 3, image_size, image_size)
+    model = meta_model(build_model)
+    images = torch.empty(2, 3, image_size, image_size, device="meta")
     with FlopCounterMode(display=False) as counter:
         model(images).float().sum().backward()
     return counter.get_total_flops() / 2
@@ -512,7 +551,8 @@ def model_flops_per_image(build_model, image_size):
 def peak_tflops(gpu_name, precision):
     for key, table in PEAK_TFLOPS.items():
         if gpu_name and key in gpu_name:
-            return table[precision]
+            lower_clocked = key != "A100" and ("PCIe" in gpu_name or "NVL" in gpu_name)
+            return None if lower_clocked else table[precision]
     return None
 
 
@@ -621,8 +661,11 @@ def parameter_checksums(parameters):
 
 
 def compare_checksums(per_rank):
+    """Parameters agree when the checksums do; NaN agrees with NaN (a diverged run is not a desync), and a
+    NaN against a number counts as an infinite difference."""
     reference = per_rank[0]
-    largest = max(float((checksums - reference).abs().max()) for checksums in per_rank)
+    largest = max(float(torch.where(checksums.isnan() & reference.isnan(), 0.0, (checksums - reference).abs())
+                        .nan_to_num(nan=math.inf).max()) for checksums in per_rank)
     scale = float(reference.abs().max())
     return largest <= 1e-9 * max(1.0, scale), largest
 
@@ -850,13 +893,13 @@ def finish_run(result, record, monitor, build_model, wall_start):
         result.update(status="error", failure={"kind": "error", "rank": None,
                                                "message": f"ranks ran {checks['steps_run_per_rank']} steps, "
                                                           f"expected {expected} each"})
-    elif not synced:
-        result.update(status="desync", failure={"kind": "desync", "rank": None,
-                                                "message": f"parameters differ across ranks by up to {largest:.3g}"})
     elif not checks["loss_finite"]:
         first = next(i for i, v in enumerate(records[0]["losses"]) if not math.isfinite(v)) + 1
         result.update(status="error", failure={"kind": "error", "rank": None,
                                                "message": f"the loss is not finite from step {first} on rank 0"})
+    elif not synced:
+        result.update(status="desync", failure={"kind": "desync", "rank": None,
+                                                "message": f"parameters differ across ranks by up to {largest:.3g}"})
     else:
         result["status"] = "ok"
     result["wall_time_s"] = time.perf_counter() - wall_start
@@ -894,8 +937,6 @@ def gather_to_all(obj, group, world_size):
 
 def fail(error, result, rank, world_size, store, device, wall_start):
     """Write what is known and exit non-zero; never wait on a collective that may never finish."""
-    if isinstance(error, UsageError):
-        raise error
     kind = "interrupted" if isinstance(error, KeyboardInterrupt) else "oom" if is_out_of_memory(error) else "error"
     message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
     own = {"kind": kind, "rank": rank, "message": message}
@@ -928,7 +969,11 @@ def fail(error, result, rank, world_size, store, device, wall_start):
 
 def strategy_list(text):
     """'all' or a comma list of known strategies, in the order given."""
-    names = list(RUN_ORDER) if text == "all" else [name.strip() for name in text.split(",") if name.strip()]
+    if text.strip() == "all":
+        return RUN_ORDER  # a tuple: "all", which skips what the backend cannot run; a list is what was named
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if "all" in names:
+        raise argparse.ArgumentTypeError(f"all cannot be combined with other strategies in {text!r}")
     unknown = [name for name in names if name not in STRATEGIES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown strategy {', '.join(unknown) or repr(text)} "
@@ -1005,13 +1050,27 @@ def apply_preset(args, explicit):
     return overrides
 
 
+def model_problem(name, image_size):
+    """Why a forward pass of the model in training mode on two images of this size would not give one logit
+    row per image (auxiliary outputs, a fixed input size, an image too small), or None. Runs on the meta
+    device: no memory, no computation."""
+    model = meta_model(lambda: build_model(name))
+    try:
+        output = model(torch.empty(2, 3, image_size, image_size, device="meta"))
+    except Exception as error:  # noqa: BLE001 - whatever the model says about this input is the reason
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    if not isinstance(output, torch.Tensor) or output.shape != (2, NUM_CLASSES):
+        return f"its training-mode output is {type(output).__name__}, not one row of {NUM_CLASSES} logits per image"
+    return None
+
+
 def resolve_strategies(args, explicit):
     """The strategies to run, as notes for the user, or UsageError. Needs no process group."""
     backend = "nccl" if args.device == "cuda" else "gloo"
     notes = []
-    strategies = args.strategy
+    strategies = list(args.strategy)
     refused = [name for name in strategies if (backend, name) in BACKEND_REFUSALS]
-    if refused and "strategy" in explicit and args.strategy != list(RUN_ORDER):
+    if refused and args.strategy != RUN_ORDER:
         raise UsageError(f"--strategy {refused[0]} cannot run on {backend} ({args.device}): "
                          f"{BACKEND_REFUSALS[(backend, refused[0])]}")
     for name in refused:
@@ -1024,7 +1083,9 @@ def resolve_strategies(args, explicit):
             raise UsageError(f"--strategy {','.join(wanted)} needs fairscale, which cannot be imported ({problem}): "
                              f"pip install '.[fairscale]' (fairscale==0.4.13)")
     if "zero1_overlap" in strategies:
-        if args.precision == "fp16":
+        # auto is fp16 on a GPU without bf16
+        if args.precision == "fp16" or (args.precision == "auto" and args.device == "cuda" and torch.cuda.is_available()
+                                        and not torch.cuda.is_bf16_supported()):
             raise UsageError("zero1_overlap cannot use fp16: its optimizer step runs inside backward, where a "
                              "GradScaler cannot unscale first; use bf16 or fp32")
         needed = 4 if args.static_graph else 3
@@ -1038,9 +1099,15 @@ def resolve_strategies(args, explicit):
     if args.fsdp_param_dtype == "compute" and args.device == "cpu":
         raise UsageError("--fsdp-param-dtype compute needs --device cuda: CPU autocast runs BatchNorm in fp32 and "
                          "refuses the bf16 weights FSDP would gather")
+    if args.optimizer in ("adam", "adamw") and "momentum" in explicit:
+        raise UsageError(f"--momentum does not apply to --optimizer {args.optimizer} (its betas are PyTorch's "
+                         f"defaults); drop it")
     if args.model not in torchvision.models.list_models(module=torchvision.models):
         raise UsageError(f"--model {args.model} is not a torchvision classification model "
                          f"(e.g. resnet50, resnet101, resnet18, convnext_tiny)")
+    problem = model_problem(args.model, args.image_size)
+    if problem:
+        raise UsageError(f"--model {args.model} cannot be trained here at {args.image_size} px: {problem}")
     return strategies, notes
 
 
@@ -1428,12 +1495,9 @@ def count_collectives(setup, images, labels, config, device, trace_path=None):
                 train_step(setup, images, labels, config)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-        profiler.export_chrome_trace(path)
-        with open(path) as stream:
+        profiler.export_chrome_trace(trace_path or path)
+        with open(trace_path or path) as stream:
             events = json.load(stream).get("traceEvents", [])
-        if trace_path:
-            os.makedirs(os.path.dirname(os.path.abspath(trace_path)), exist_ok=True)
-            os.replace(path, trace_path)
     per_step, unknown = collectives_from_trace(events, config["profile_steps"])
     return {"per_step": per_step, "unknown_dtype_assumed_4_bytes": unknown}
 
@@ -1619,6 +1683,14 @@ def read_results(paths):
         if not isinstance(result, dict) or not {"strategy", "status", "config", "world", "throughput",
                                                 "memory"} <= set(result):
             raise UsageError(f"--table: {path} is not a benchmark result (no strategy, status, config, ...)")
+        try:
+            workload_heading(result)
+            if result["throughput"]:
+                float(result["throughput"]["rank0_median_images_per_second"])
+                float(result["throughput"]["rank0_mad_images_per_second"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise UsageError(f"--table: {path} is not an oss_benchmark.py result ({type(error).__name__}: "
+                             f"{error})") from None
         results.append(result)
     return results
 
@@ -1715,8 +1787,13 @@ def main(argv=None):
     if "lr" not in explicit and args.preset is None:
         args.lr = DEFAULT_LR[args.optimizer]
     strategies, notes = resolve_strategies(args, explicit)
-    if args.trace_dir and os.path.exists(args.trace_dir) and not os.path.isdir(args.trace_dir):
-        raise UsageError(f"--trace-dir {args.trace_dir} is not a directory")
+    if args.trace_dir:
+        try:
+            os.makedirs(args.trace_dir, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"--trace-dir {args.trace_dir} cannot be made ({error.strerror})") from None
+        if not os.access(args.trace_dir, os.W_OK | os.X_OK):
+            raise UsageError(f"--trace-dir {args.trace_dir} is not a writable directory")
     launch = detect_launch(os.environ)
     if launch["world_size"] < 2:
         raise UsageError("sharding needs at least 2 ranks: launch with torchrun --nproc-per-node 2 (or srun with "

@@ -36,6 +36,7 @@ Exit codes: 0 fine, 1 regression or stale README, 2 unusable invocation (one lin
 """
 
 import argparse
+import hashlib
 import json
 import math
 import pathlib
@@ -172,7 +173,7 @@ def problem_with(result):
     if result["config"]["batch_mode"] not in ("per_device", "global"):
         return f"config.batch_mode {result['config']['batch_mode']!r} is neither per_device nor global"
     if result["status"] == "ok":
-        missing = [dotted for dotted in OK_FIELDS if lookup(result, dotted) is KeyError]
+        missing = [dotted for dotted in OK_FIELDS if lookup(result, dotted) in (KeyError, None)]
         if missing:
             return f"status ok but {missing[0]} is missing"
         if not result["throughput"]["images_per_second"] > 0:
@@ -612,7 +613,10 @@ def row_label(config, varying):
 
 
 def slug(text):
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:90]
+    """A file name for a setup's title; a long title is cut and keeps a short hash of the whole, so that two
+    setups that differ only at the end do not share a file."""
+    name = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return name if len(name) <= 90 else f"{name[:81]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
 
 def write_plots(runs, directory):
@@ -627,7 +631,10 @@ def write_plots(runs, directory):
     directory = pathlib.Path(directory)
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"--plots {directory} is a file, not a folder")
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--plots {directory}: cannot be written ({error.strerror})")
     rows, varying = aggregate(runs), varying_options(runs)
     setups = defaultdict(list)
     for row in rows:
@@ -642,8 +649,12 @@ def write_plots(runs, directory):
                              f"({'no GPU memory counters' if kind == 'memory' else 'no comparable runs'})")
                 continue
             path = directory / f"{kind}-{name}.png"
-            figure.savefig(path, dpi=120, bbox_inches="tight", metadata={"Software": None})
-            plt.close(figure)
+            try:
+                figure.savefig(path, dpi=120, bbox_inches="tight", metadata={"Software": None})
+            except OSError as error:
+                raise UsageError(f"--plots {directory}: cannot be written ({error.strerror})")
+            finally:
+                plt.close(figure)
             written.append(path)
     return written, notes
 
@@ -752,8 +763,9 @@ def plot_memory(plt, rows, varying, title):
 # ---------------------------------------------------------------------------- regression check
 
 def parse_tolerance(text):
+    text = text.strip()
     try:
-        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
         raise UsageError(f"--tolerance {text!r}: write a percentage (5%) or a fraction (0.05)")
     if not 0 <= value < 1 or not math.isfinite(value):
@@ -859,7 +871,7 @@ def parse_arguments(argv=None):
     args = parser.parse_args(argv)
     if args.tolerance is not None and not args.check_against:
         raise UsageError("--tolerance needs --check-against")
-    args.tolerance = parse_tolerance(args.tolerance or "5%")
+    args.tolerance = parse_tolerance("5%" if args.tolerance is None else args.tolerance)
     return args
 
 
@@ -871,6 +883,11 @@ def main(argv=None):
     if not runs and not readme_mode:
         raise UsageError(f"no result files in {', '.join(args.paths)}")
     status = EXIT_OK
+    reference_runs = None
+    if args.check_against:  # an unusable reference ends the run before anything is written
+        reference_runs = load_runs([args.check_against], what="reference")
+        if not reference_runs:
+            raise UsageError(f"--check-against {args.check_against}: no result files")
     if args.markdown:
         text = "# Benchmark report\n\n" + render_markdown(runs, pathlib.Path.cwd(), heading="##")
         try:
@@ -890,7 +907,10 @@ def main(argv=None):
         before, old, after = readme_parts(readme)
         new = readme_section(runs, readme, args.paths)
         if update and new != old:
-            pathlib.Path(readme).write_text(before + new + after, encoding="utf-8")
+            try:
+                pathlib.Path(readme).write_text(before + new + after, encoding="utf-8")
+            except OSError as error:
+                raise UsageError(f"--update-readme {readme}: cannot be written ({error.strerror})")
             print(f"{readme}: results section updated")
         elif update:
             print(f"{readme}: results section already up to date")
@@ -900,10 +920,7 @@ def main(argv=None):
             status = EXIT_FAILED
         else:
             print(f"{readme}: the results section agrees with the report")
-    if args.check_against:
-        reference_runs = load_runs([args.check_against], what="reference")
-        if not reference_runs:
-            raise UsageError(f"--check-against {args.check_against}: no result files")
+    if reference_runs is not None:
         code, lines = check_against(runs, reference_runs, args.tolerance, args.check_against)
         for line in lines:
             print(line, file=sys.stderr if line.startswith("report.py:") else sys.stdout)

@@ -32,6 +32,14 @@ CASES = {
     "contradicting Slurm variables": ([], {**SRUN, "SLURM_PROCID": "2"}, None, "Slurm variables disagree"),
     "Slurm tasks beyond the GPUs": (["--device", "cuda"], {**SRUN, "SLURM_GPUS_ON_NODE": "1"}, FAKE_GPU,
                                     "only 1 GPUs allocated"),
+    "a Slurm variable missing": ([], {k: v for k, v in SRUN.items() if k != "SLURM_LOCALID"}, None,
+                                 "SLURM_LOCALID is not set"),
+    "RANK without WORLD_SIZE": ([], {"RANK": "1"}, None, "RANK and WORLD_SIZE must be set together"),
+    "a port out of range": ([], {**TWO_RANKS, "MASTER_PORT": "99999"}, None, "MASTER_PORT=99999 is not a port"),
+    "one value per BatchNorm channel": (["--batch-size-per-device", "1", "--image-size", "32"], {}, None,
+                                        "leaves BatchNorm one value per channel"),
+    "a seed beyond 64 bits": (["--seed", str(2**64)], {}, None, "argument --seed: must be an integer from 0"),
+    "a timeout beyond a week": (["--timeout", "100000000"], {}, None, "argument --timeout: must be at most 604800"),
 }
 
 

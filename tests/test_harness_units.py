@@ -136,6 +136,9 @@ def test_output_rules(native, tmp_path):
         native.check_output_path(str(existing / "below-a-file.json"), overwrite=False)
     with pytest.raises(native.UsageError, match="is a directory"):
         native.check_output_path(str(tmp_path), overwrite=False)
+    args = native.parse_arguments(["--device", "cpu", "--output", ""])  # not the default name: refused
+    with pytest.raises(native.UsageError, match="--output is empty"):
+        native.resolve_harness_config(args, native.detect_launch({}), "ddp", False, 0, False)
 
 
 def test_atomic_write_leaves_no_partial_file(native, tmp_path):
@@ -158,6 +161,11 @@ def test_checksums_detect_a_changed_replica(native):
     params[1][0] += 1e-4
     synced, largest = native.compare_checksums([same, native.parameter_checksums(params)])
     assert not synced and largest > 0
+    # A diverged run is not a desync: NaN agrees with NaN, and a NaN against a number is an infinite difference.
+    nan = same.clone()
+    nan[0, 0] = float("nan")
+    assert native.compare_checksums([nan, nan.clone()]) == (True, 0.0)
+    assert native.compare_checksums([same, nan]) == (False, float("inf"))
 
 
 def test_flop_count_comes_from_the_model(native):
@@ -165,3 +173,6 @@ def test_flop_count_comes_from_the_model(native):
     assert 23e9 < flops < 26e9  # ResNet-50 training: about 3 x 4.1 GMAC x 2 FLOP per image
     assert native.model_flops_per_image(native.build_model, 112) == pytest.approx(flops / 4, rel=0.1)  # padding
     assert native.peak_tflops("NVIDIA H200", "bf16") == 989.0 and native.peak_tflops("Some GPU", "bf16") is None
+    # PCIe and NVL parts of the H-series run lower clocks than the datasheet peak above: no figure
+    assert native.peak_tflops("NVIDIA H100 PCIe", "bf16") is None and native.peak_tflops("NVIDIA H200 NVL", "fp16") is None
+    assert native.peak_tflops("NVIDIA A100 80GB PCIe", "bf16") == 312.0

@@ -220,6 +220,11 @@ def test_missing_fairscale_names_the_extra(tmp_path):
     (["--phase-steps", "-1"], "must be zero or a positive integer"),
     (["--device", "cpu", "--fsdp-param-dtype", "compute"], "--fsdp-param-dtype compute needs --device cuda"),
     (["--fsdp-units", "layer"], "invalid choice"),
+    (["--strategy", "all,ddp"], "all cannot be combined with other strategies"),
+    (["--optimizer", "adam", "--momentum", "0.5"], "--momentum does not apply to --optimizer adam"),
+    (["--model", "googlenet"], "--model googlenet cannot be trained here at 224 px: its training-mode output is "
+                               "GoogLeNetOutputs"),
+    (["--model", "vit_b_16", "--image-size", "32"], "cannot be trained here at 32 px: AssertionError"),
 ])
 def test_bad_input_raises_one_rule(script, monkeypatch, argv, message):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID"):
@@ -303,3 +308,11 @@ def test_parameters_out_of_sync_are_reported_and_the_launch_goes_on(tmp_path):
     for strategy in ("ddp", "zero1"):
         result = read_result(tmp_path / f"desync-{strategy}.json")
         assert result["status"] == "desync" and result["checks"]["parameters_synchronized"] is False
+
+
+def test_table_refuses_a_file_that_is_not_an_oss_result(script, tmp_path):
+    path = tmp_path / "empty-config.json"
+    path.write_text(json.dumps({"strategy": "ddp", "status": "ok", "config": {}, "world": {}, "throughput": {},
+                                "memory": {}}))
+    with pytest.raises(script.UsageError, match=r"is not an oss_benchmark.py result \(KeyError: 'precision'\)"):
+        script.main(["--table", str(path)])

@@ -328,6 +328,9 @@ def test_files_that_are_not_results_are_skipped_with_one_warning_each(tmp_path):
     unmeasured = fixture("native-weak-1proc")
     unmeasured["throughput"] = None
     write(tmp_path / "unmeasured.json", unmeasured)
+    null_rate = fixture("native-weak-1proc")
+    null_rate["throughput"]["images_per_second"] = None
+    write(tmp_path / "null-rate.json", null_rate)
     (tmp_path / "README.md").write_text("not read: folders give only their *.json files")
     write(tmp_path / ".tmp-half-written.json", {})  # a run still writing its result: hidden, left alone
     write(tmp_path / "good.json", fixture("native-weak-1proc"))
@@ -340,6 +343,8 @@ def test_files_that_are_not_results_are_skipped_with_one_warning_each(tmp_path):
         f"report.py: warning: input {tmp_path / 'empty-world.json'}: skipped: world.world_size is 0, not a positive "
         "integer",
         f"report.py: warning: input {tmp_path / 'unmeasured.json'}: skipped: status ok but "
+        "throughput.images_per_second is missing",
+        f"report.py: warning: input {tmp_path / 'null-rate.json'}: skipped: status ok but "
         "throughput.images_per_second is missing",
         f"report.py: warning: input {tmp_path / 'list.json'}: skipped: not a benchmark result (no schema_version)",
         f"report.py: warning: input {tmp_path / 'newer.json'}: skipped: schema_version 2, this report reads "
@@ -365,6 +370,12 @@ def test_files_that_are_not_results_are_skipped_with_one_warning_each(tmp_path):
      "report.py: error: {fixtures}/../make_report_fixtures.sh: needs exactly one '<!-- report:begin -->' "
      "followed by one '<!-- report:end -->'"),
     ([], "report.py: error: the following arguments are required: PATH"),
+    (["{fixtures}", "--check-against", "{fixtures}", "--tolerance", ""],
+     "report.py: error: --tolerance '': write a percentage (5%) or a fraction (0.05)"),
+    (["{fixtures}", "--plots", "{fixtures}/../make_report_fixtures.sh/plots"],
+     "report.py: error: --plots {fixtures}/../make_report_fixtures.sh/plots: cannot be written (Not a directory)"),
+    (["{fixtures}", "--markdown", "{empty}/m.md", "--check-against", "{empty}"],
+     "report.py: error: --check-against {empty}: no result files"),
 ])
 def test_unusable_invocations_exit_2_with_one_line(tmp_path, args, message):
     empty = tmp_path / "empty"
@@ -373,6 +384,7 @@ def test_unusable_invocations_exit_2_with_one_line(tmp_path, args, message):
     proc = run_report(*[arg.format(**fill) for arg in args])
     assert proc.returncode == 2 and proc.stdout == ""
     assert one_error_line(proc.stderr) == [message.format(**fill)]
+    assert not list(empty.iterdir())  # an unusable reference stops the run before anything is written
 
 
 # ---------------------------------------------------------------------------- README section
@@ -423,3 +435,10 @@ def test_compiled_ddp_mode_is_read_from_what_each_script_does(report):
     assert report.effective_options(config, report.NATIVE, 1) is config  # one rank: no DDP at all
     eager = {"compile": False, "compiled_ddp": None}
     assert report.effective_options(eager, report.LIGHTNING, 2) is eager
+
+
+def test_long_setup_titles_keep_distinct_plot_names(report):
+    title = "CPU (" + "x" * 120 + ") · torch 2 · resnet50 · 32 px · fp32 · contiguous · eager · "
+    names = {report.slug(title + "sgd"), report.slug(title + "adam")}
+    assert len(names) == 2 and all(len(name) <= 90 for name in names)
+    assert report.slug("Short · title") == "short-title"

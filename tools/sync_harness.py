@@ -23,6 +23,8 @@ def harness_block(text, path):
     if text.count(BEGIN) != 1 or text.count(END) != 1:
         raise SystemExit(f"{path}: needs exactly one harness begin and end marker")
     start, stop = text.index(BEGIN), text.index(END) + len(END)
+    if stop <= start + len(BEGIN):
+        raise SystemExit(f"{path}: the harness end marker comes before its begin marker")
     return start, stop
 
 
@@ -33,11 +35,11 @@ def main():
     master = MASTER.read_text()
     start, stop = harness_block(master, MASTER)
     block = master[start:stop]
-    differing = []
+    differing, missing = [], [str(path.relative_to(ROOT)) for path in COPIES if not path.exists()]
+    if missing:
+        print("harness copies missing: " + ", ".join(missing))
+        return 1
     for path in COPIES:
-        if not path.exists():
-            differing.append(f"{path.relative_to(ROOT)} (missing)")
-            continue
         text = path.read_text()
         begin, end = harness_block(text, path)
         if text[begin:end] != block:
