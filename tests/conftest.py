@@ -114,6 +114,21 @@ def launch_env(script, rank, world_size, port):
     return clean_env(RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), **common)
 
 
+def finish(procs, limit_s=90):
+    """(exit code, stdout, stderr) of each process; none is left running, even when one overruns the limit."""
+    outputs = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=limit_s)
+            outputs.append((proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return outputs
+
+
 def launch_by_hand(script, args, world_size=2, timeout=60):
     """Start the ranks as a launcher would, but with no agent in between, so that a test can signal or
     kill one rank itself."""

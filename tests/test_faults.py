@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from conftest import LIGHTNING, NATIVE, OSS, SMALL, launch_by_hand, read_result
+from conftest import LIGHTNING, NATIVE, OSS, SMALL, finish, launch_by_hand, read_result
 
 
 def wait_for_line(proc, text, limit_s=180):
@@ -18,14 +18,6 @@ def wait_for_line(proc, text, limit_s=180):
         if text in line:
             return seen
     raise AssertionError(f"never printed {text!r}: {''.join(seen)}")
-
-
-def finish(procs, limit_s=90):
-    outputs = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=limit_s)
-        outputs.append((proc.returncode, out, err))
-    return outputs
 
 
 LONG = [*SMALL, "--steps", "200"]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import NATIVE, ROOT, SMALL, clean_env, free_port, read_result
+from conftest import NATIVE, ROOT, SMALL, clean_env, finish, free_port, read_result
 
 
 @pytest.fixture(scope="module")
@@ -20,16 +20,7 @@ def two_node_run(tmp_path_factory):
                                str(NATIVE), *SMALL, "--output", str(output)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=clean_env())
              for node in (0, 1)]
-    outcomes = []
-    try:
-        for proc in nodes:
-            out, err = proc.communicate(timeout=300)
-            outcomes.append((proc.returncode, out, err))
-    finally:
-        for proc in nodes:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    outcomes = finish(nodes, limit_s=300)
     for node, (code, out, err) in enumerate(outcomes):
         assert code == 0, f"node {node} exited {code}\n{out}\n{err}"
     return outcomes, read_result(output)

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import OSS, ROOT, clean_env, read_result
+from conftest import ROOT, clean_env, read_result
 from slurm_cluster import SlurmCluster, missing_reason
 
 CPU_JOB = ["--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0"]
