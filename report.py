@@ -328,6 +328,13 @@ def setup_of(config):
     return config[:len(SETUP_FIELDS)]
 
 
+def rows_by_setup(rows):
+    setups = defaultdict(list)
+    for row in rows:
+        setups[setup_of(row["config"])].append(row)
+    return setups
+
+
 def varying_options(runs):
     """Per benchmark and strategy, the option names whose values differ between its results: only those are
     shown (an option that comes with a strategy, such as FSDP's unit count, says nothing the name does not)."""
@@ -427,6 +434,13 @@ def format_ratio(value):
     return "–" if value is None else f"{value:.2f}×"
 
 
+def rank0_cell(row):
+    """Rank 0's median throughput ± MAD, as fairscale's table shows it."""
+    if row["rank0_median"] is None:
+        return "–"
+    return f"{format_rate(row['rank0_median'])} ± {format_rate(row['rank0_mad'], like=row['rank0_median'])}"
+
+
 def format_status(row):
     return "ok" if row["status"] == "ok" else f"**✗ {row['status']}**"
 
@@ -485,8 +499,7 @@ def all_runs_table(rows, varying):
     lines, failures = [], []
     for row in rows:
         config = row["config"]
-        rank0 = "–" if row["rank0_median"] is None else \
-            f"{format_rate(row['rank0_median'])} ± {format_rate(row['rank0_mad'], like=row['rank0_median'])}"
+        rank0 = rank0_cell(row)
         lines.append([config.benchmark, strategy_text(config, varying), devices_text(config),
                       config.batch_mode.replace("_", " "), str(config.batch_size_per_device),
                       f"{config.global_batch_size:,}", rank0,
@@ -564,8 +577,7 @@ def sharding_table(rows, varying):
             elif usable and row["peak_allocated_mib"] is not None and baseline["peak_allocated_mib"]:
                 difference = baseline["peak_allocated_mib"] - row["peak_allocated_mib"]
                 saved = f"{difference:,.0f} MiB ({format_percent(difference / baseline['peak_allocated_mib'])})"
-            rank0 = "–" if row["rank0_median"] is None else \
-                f"{format_rate(row['rank0_median'])} ± {format_rate(row['rank0_mad'], like=row['rank0_median'])}"
+            rank0 = rank0_cell(row)
             lines.append([devices_text(config), str(config.batch_size_per_device), strategy_text(config, varying),
                           rank0, format_rate(row["images_per_second"]), speed, memory_cell(row), saved,
                           format_status(row)])
@@ -589,9 +601,7 @@ def render_markdown(runs, base, heading="###"):
     if not runs:
         return NO_RESULTS + "\n"
     rows, varying = aggregate(runs), varying_options(runs)
-    setups = defaultdict(list)
-    for row in rows:
-        setups[setup_of(row["config"])].append(row)
+    setups = rows_by_setup(rows)
     parts = [EXPLANATION]
     for setup in sorted(setups, key=order):
         setup_rows = setups[setup]
@@ -636,9 +646,7 @@ def write_plots(runs, directory):
     except OSError as error:
         raise UsageError(f"--plots {directory}: cannot be written ({error.strerror})")
     rows, varying = aggregate(runs), varying_options(runs)
-    setups = defaultdict(list)
-    for row in rows:
-        setups[setup_of(row["config"])].append(row)
+    setups = rows_by_setup(rows)
     written, notes = [], []
     for setup in sorted(setups, key=order):
         setup_rows, title, name = setups[setup], setup_title(setup), slug(setup_title(setup))

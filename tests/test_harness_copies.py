@@ -2,24 +2,24 @@
 import subprocess
 import sys
 
-from conftest import LIGHTNING, NATIVE, OSS, ROOT
+from conftest import LIGHTNING, NATIVE, OSS, ROOT, load_script
 
-
-def harness(path):
-    text = path.read_text()
-    begin = "# ============================================================================ harness\n"
-    end = "# ============================================================================ end of harness\n"
-    assert text.count(begin) == 1 and text.count(end) == 1, path
-    return text[text.index(begin):text.index(end)]
+SYNC = ROOT / "tools" / "sync_harness.py"
 
 
 def test_every_script_carries_the_identical_harness():
+    tool = load_script(SYNC, "sync_harness_under_test")
+
+    def harness(path):
+        text = path.read_text()
+        start, stop = tool.harness_block(text, path)  # exactly one begin and one end marker, in that order
+        return text[start:stop]
+
     master = harness(NATIVE)
     for copy in (LIGHTNING, OSS):
         assert harness(copy) == master, f"{copy.name}: run `python tools/sync_harness.py`"
 
 
 def test_the_sync_tool_agrees():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "sync_harness.py"), "--check"],
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(SYNC), "--check"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -7,7 +7,8 @@ import re
 import pytest
 import torch
 
-from conftest import OSS, SMALL, clean_env, finish, launch_by_hand, load_script, one_error_line, read_result, run_script
+from conftest import (OSS, SMALL, clean_env, finish, launch_by_hand, load_script, one_error_line, read_result,
+                      run_script)
 
 GLOO_STRATEGIES = ["ddp", "zero1", "fsdp_zero2", "fsdp_zero3", "oss_ddp", "oss_sharded_ddp"]  # the run order
 # SMALL, shortened: six strategies in one launch must stay well inside the suite's time on 2 CPU cores.
