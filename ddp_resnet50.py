@@ -268,9 +268,9 @@ def detect_launch(env):
         return value
 
     launch = {"slurm_job_id": env.get("SLURM_JOB_ID")}
-    if ("RANK" in env) != ("WORLD_SIZE" in env):
-        raise LaunchError("RANK and WORLD_SIZE must be set together (or neither, for one process)")
-    if "RANK" in env:
+    if "RANK" in env and "WORLD_SIZE" not in env:  # (WORLD_SIZE alone: Lightning's own workers carry it)
+        raise LaunchError("RANK is set without WORLD_SIZE: set both (torchrun does), or neither for one process")
+    if "RANK" in env and "WORLD_SIZE" in env:
         rank, world = integer("RANK"), integer("WORLD_SIZE")
         local_rank = integer("LOCAL_RANK") if "LOCAL_RANK" in env else rank
         local_world = integer("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world

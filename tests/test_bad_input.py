@@ -34,7 +34,7 @@ CASES = {
                                     "only 1 GPUs allocated"),
     "a Slurm variable missing": ([], {k: v for k, v in SRUN.items() if k != "SLURM_LOCALID"}, None,
                                  "SLURM_LOCALID is not set"),
-    "RANK without WORLD_SIZE": ([], {"RANK": "1"}, None, "RANK and WORLD_SIZE must be set together"),
+    "RANK without WORLD_SIZE": ([], {"RANK": "1"}, None, "RANK is set without WORLD_SIZE"),
     "a port out of range": ([], {**TWO_RANKS, "MASTER_PORT": "99999"}, None, "MASTER_PORT=99999 is not a port"),
     "one value per BatchNorm channel": (["--batch-size-per-device", "1", "--image-size", "32"], {}, None,
                                         "leaves BatchNorm one value per channel"),
