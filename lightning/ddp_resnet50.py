@@ -572,12 +572,16 @@ class StopRequest:
 
     Ranks receive the signal at slightly different steps, so they agree through a tiny host-side
     all-reduce on a gloo group after each step; that costs no device synchronisation and also notices
-    a dead peer within one step. A second Ctrl-C interrupts at once.
+    a dead peer within two steps. The all-reduce runs in the background and a step reads the previous
+    step's round: a blocking one would tie the ranks' host threads together at every step, so that a
+    launch-bound step waited for the slower host and the network round trip (every rank still stops
+    after the same step, one step later). A second Ctrl-C interrupts at once.
     """
 
     def __init__(self):
         self.signum = 0
         self.previous = {}
+        self.pending = None  # (work, flag) of the round still in flight
 
     def install(self):
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -589,10 +593,27 @@ class StopRequest:
         self.signum = signum
 
     def agreed(self, group, world_size):
+        """Start this step's round; return the previous round's agreement (0 at the first step)."""
         if world_size == 1:
             return self.signum
         flag = torch.tensor([self.signum], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group, async_op=True)
+        previous, self.pending = self.pending, (work, flag)
+        return self.read(previous)
+
+    def settle(self, world_size):
+        """The agreement of the round still in flight, so that no round outlives the loop that started it."""
+        if world_size == 1:
+            return self.signum
+        previous, self.pending = self.pending, None
+        return self.read(previous)
+
+    @staticmethod
+    def read(round_):
+        if round_ is None:
+            return 0
+        work, flag = round_
+        work.wait()
         return int(flag.item())
 
 
@@ -782,6 +803,7 @@ def measure(step, config, device, rank, world_size, monitor, stop):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     record["timed_wall_s"] = time.perf_counter() - started if started is not None else 0.0
+    record["signal"] = record["signal"] or stop.settle(world_size)  # a signal during the last step
     record["step_times_ms"] = timer.step_times_ms()
     record["losses"] = [float(v) for v in torch.stack(losses).float().cpu()] if losses else []
     cuda = device.type == "cuda"
@@ -1092,6 +1114,7 @@ class ResNet50Benchmark(L.LightningModule):
             torch.cuda.synchronize(self.device)
         record = self.record
         record["timed_wall_s"] = time.perf_counter() - self.started if self.started is not None else 0.0
+        record["signal"] = record["signal"] or self.stop.settle(self.trainer.world_size)  # a signal in the last step
         record["step_times_ms"] = self.timer.step_times_ms()
         record["losses"] = [float(v) for v in torch.stack(self.losses).float().cpu()] if self.losses else []
         record["peak_allocated_mib"] = mib(torch.cuda.max_memory_allocated(self.device)) if cuda else None

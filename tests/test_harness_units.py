@@ -176,3 +176,23 @@ def test_flop_count_comes_from_the_model(native):
     # PCIe and NVL parts of the H-series run lower clocks than the datasheet peak above: no figure
     assert native.peak_tflops("NVIDIA H100 PCIe", "bf16") is None and native.peak_tflops("NVIDIA H200 NVL", "fp16") is None
     assert native.peak_tflops("NVIDIA A100 80GB PCIe", "bf16") == 312.0
+
+
+def test_stop_agreement_reads_the_previous_round_and_settles_the_last(native, tmp_path):
+    # One gloo process stands in for the ranks: the round started after a step is read after the next one,
+    # so a launch-bound step never waits for the other hosts, and settle() reads the round left in flight.
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        stop = native.StopRequest()
+        assert stop.agreed(None, 2) == 0  # nothing in flight yet
+        stop.signum = 15
+        assert stop.agreed(None, 2) == 0  # the round before the signal
+        assert stop.agreed(None, 2) == 15  # every rank sees it after the same step, one step later
+        assert stop.settle(2) == 15 and stop.pending is None
+        assert stop.settle(2) == 0  # nothing left
+        stop.signum = 0
+        stop.agreed(None, 2)
+        stop.signum = 2
+        assert stop.settle(2) == 0  # the round in flight was started before this signal
+    finally:
+        torch.distributed.destroy_process_group()

@@ -7,7 +7,7 @@
 #
 # Sections: native (issue 2), lightning (issue 3), graphs and compile (issue 7), sharding (issue 4), oom (issue 9);
 # the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7), and more below;
-# confirm3 is prepared for the next device session and has not been run.
+# confirm3 was prepared and not run; the third session's are scale4, compile4 and shard4.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log; a summary table is printed last.
 # Keep NVLink multicast off (the machine's rule): exported here, inherited by every child process.
 set -uo pipefail
@@ -31,7 +31,7 @@ bench() {  # bench NAME GPUS LIMIT_S COMMAND... : one run, its log, its exit cod
   local name=$1 gpus=$2 limit=$3
   shift 3
   local var given=""
-  for var in NCCL_MAX_NCHANNELS OMP_NUM_THREADS NCCL_DEBUG NCCL_DEBUG_SUBSYS; do  # set for this run only
+  for var in NCCL_MAX_NCHANNELS OMP_NUM_THREADS NCCL_DEBUG NCCL_DEBUG_SUBSYS TORCH_NCCL_HIGH_PRIORITY; do  # set for this run only
     [ -n "${!var:-}" ] && given+="$var=${!var} "
   done
   echo "[$(date -u +%H:%M:%S)] $name (GPU $gpus): $given$*" | tee -a "$OUT_DIR/commands.txt"
@@ -250,6 +250,39 @@ section_confirm3() {  # prepared for the next device session, not yet run: what 
     --compiled-ddp no_optimization "${STEPS[@]}"
   bench confirm3-native-2gpu-bf16-256-compile-noopt-graphs 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
     --compiled-ddp no_optimization "${graphs[@]}"
+}
+
+section_scale4() {  # session 3, issues 2 and 3: twins at 256 and 32, what is left of 2-GPU scaling, profiles
+  local d=$OUT_DIR/diagnostics probe=docs/diagnostics/ddp-scaling/probe.py
+  mkdir -p "$d"
+  pair "s4-native-1gpu-bf16-256-gpu0 120 ddp_resnet50.py ${STEPS[*]}" \
+       "s4-native-1gpu-bf16-256-gpu1 120 ddp_resnet50.py ${STEPS[*]}"
+  bench s4-native-2gpu-bf16-256-a 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
+  bench s4-lightning-2gpu-bf16-256-a 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 "${STEPS[@]}"
+  bench s4-lightning-2gpu-bf16-256-b 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 "${STEPS[@]}"
+  bench s4-native-2gpu-bf16-256-b 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
+  # launch-bound: alone on the machine, native and Lightning in the order A B B A
+  bench s4-native-1gpu-bf16-32-a 0 120 "$PY" ddp_resnet50.py --batch-size-per-device 32 "${STEPS[@]}"
+  bench s4-lightning-1gpu-bf16-32-a 0 120 "$PY" lightning/ddp_resnet50.py --batch-size-per-device 32 "${STEPS[@]}"
+  bench s4-lightning-1gpu-bf16-32-b 0 120 "$PY" lightning/ddp_resnet50.py --batch-size-per-device 32 "${STEPS[@]}"
+  bench s4-native-1gpu-bf16-32-b 0 120 "$PY" ddp_resnet50.py --batch-size-per-device 32 "${STEPS[@]}"
+  # 2-GPU scaling candidates (an environment variable's run goes to diagnostics: its config does not show it)
+  bench s4-native-2gpu-bf16-256-nobb 0,1 120 "${TWO[@]}" ddp_resnet50.py --no-broadcast-buffers "${STEPS[@]}"
+  bench s4-native-2gpu-bf16-256-nobb-b10 0,1 120 "${TWO[@]}" ddp_resnet50.py --no-broadcast-buffers \
+    --bucket-cap-mb 10 "${STEPS[@]}"
+  TORCH_NCCL_HIGH_PRIORITY=1 bench s4-native-2gpu-bf16-256-hiprio 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
+  mv "$RES/s4-native-2gpu-bf16-256-hiprio.json" "$d/" 2>/dev/null
+  # kernel-level profiles of the same step on 1 and 2 GPUs; host profiles of the twins at 32 per GPU
+  CUDA_VISIBLE_DEVICES=0 timeout 120 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 $probe \
+    --out "$d" --name profile-1gpu >"$LOGS/profile-1gpu.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0,1 timeout 120 "${TWO[@]}" $probe --out "$d" --name profile-2gpu >"$LOGS/profile-2gpu.log" 2>&1
+  bench s4-cprofile-native-1gpu-bf16-32 0 120 "$PY" -m cProfile -o "$d/native-1gpu-bf16-32.prof" ddp_resnet50.py \
+    --batch-size-per-device 32 "${STEPS[@]}"
+  bench s4-cprofile-lightning-1gpu-bf16-32 0 150 "$PY" -m cProfile -o "$d/lightning-1gpu-bf16-32.prof" \
+    lightning/ddp_resnet50.py --batch-size-per-device 32 "${STEPS[@]}"
+  mv "$RES"/s4-cprofile-*.json "$d/" 2>/dev/null
+  "$PY" $probe --compare "$d/profile-1gpu-rank0.json" "$d/profile-2gpu-rank0.json" | tee "$d/profile-compare.txt"
+  gzip -f "$d"/*.trace.json
 }
 
 section_oom() {
