@@ -7,7 +7,7 @@
 #
 # Sections: native (issue 2), lightning (issue 3), graphs and compile (issue 7), sharding (issue 4), oom (issue 9);
 # the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7), and more below;
-# confirm3 was prepared and not run; the third session's are scale4, compile4 and shard4.
+# confirm3 was prepared and not run; the third session's are scale4, compile4 and final4.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log; a summary table is printed last.
 # Keep NVLink multicast off (the machine's rule): exported here, inherited by every child process.
 set -uo pipefail
@@ -283,6 +283,25 @@ section_scale4() {  # session 3, issues 2 and 3: twins at 256 and 32, what is le
   mv "$RES"/s4-cprofile-*.json "$d/" 2>/dev/null
   "$PY" $probe --compare "$d/profile-1gpu-rank0.json" "$d/profile-2gpu-rank0.json" | tee "$d/profile-compare.txt"
   gzip -f "$d"/*.trace.json
+}
+
+section_compile4() {  # session 3, issues 7 and 3: compiled scaling and twins, launch-bound twins side by side
+  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
+  pair "c4-native-1gpu-bf16-256-compile 300 ddp_resnet50.py --compile ${STEPS[*]}" \
+       "c4-native-1gpu-bf16-256-compile-graphs 300 ddp_resnet50.py --compile ${graphs[*]}"
+  bench c4-native-2gpu-bf16-256-compile-noopt 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --compiled-ddp no_optimization "${STEPS[@]}"
+  bench c4-lightning-2gpu-bf16-256-compile 0,1 300 "$PY" lightning/ddp_resnet50.py --devices 2 --compile "${STEPS[@]}"
+  bench c4-native-2gpu-bf16-256-compile-noopt-nobb 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --compiled-ddp no_optimization --no-broadcast-buffers "${STEPS[@]}"
+  bench c4-native-2gpu-bf16-256-compile-noopt-graphs 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --compiled-ddp no_optimization "${graphs[@]}"
+  # 32 per GPU is bound by the host, whose speed drifts within a run: the twins run at the same time, one per
+  # GPU, so that both see the same host, then swap GPUs
+  pair "c4-native-1gpu-bf16-32-gpu0 120 ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}" \
+       "c4-lightning-1gpu-bf16-32-gpu1 120 lightning/ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}"
+  pair "c4-lightning-1gpu-bf16-32-gpu0 120 lightning/ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}" \
+       "c4-native-1gpu-bf16-32-gpu1 120 ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}"
 }
 
 section_oom() {
