@@ -7,7 +7,7 @@
 #
 # Sections: native (issue 2), lightning (issue 3), graphs and compile (issue 7), sharding (issue 4), oom (issue 9);
 # the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7), and more below;
-# confirm3 was prepared and not run; the third session's are scale4, compile4 and final4.
+# confirm3 was prepared and not run; the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and final4.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log; a summary table is printed last.
 # Keep NVLink multicast off (the machine's rule): exported here, inherited by every child process.
 set -uo pipefail
@@ -302,6 +302,29 @@ section_compile4() {  # session 3, issues 7 and 3: compiled scaling and twins, l
        "c4-lightning-1gpu-bf16-32-gpu1 120 lightning/ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}"
   pair "c4-lightning-1gpu-bf16-32-gpu0 120 lightning/ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}" \
        "c4-native-1gpu-bf16-32-gpu1 120 ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}"
+}
+
+section_final4() {  # session 3, last call: launch-bound twins (issue 3), compiled scaling again (7), sharding (4)
+  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100) shard=(--warmup-steps 10 --steps 50)
+  # 32 per GPU is bound by the host, whose speed drifts within a run: on 1 GPU the twins run at the same
+  # time, one per GPU, so that both see the same host, then swap GPUs; on 2 GPUs they alternate
+  pair "f4-native-1gpu-bf16-32-gpu0 120 ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}" \
+       "f4-lightning-1gpu-bf16-32-gpu1 120 lightning/ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}"
+  pair "f4-lightning-1gpu-bf16-32-gpu0 120 lightning/ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}" \
+       "f4-native-1gpu-bf16-32-gpu1 120 ddp_resnet50.py --batch-size-per-device 32 ${STEPS[*]}"
+  local run
+  for run in a b; do
+    bench "f4-native-2gpu-bf16-32-$run" 0,1 120 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 32 "${STEPS[@]}"
+    bench "f4-lightning-2gpu-bf16-32-$run" 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 \
+      --batch-size-per-device 32 "${STEPS[@]}"
+  done
+  bench f4-native-2gpu-bf16-256-compile-noopt-nobb 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --compiled-ddp no_optimization --no-broadcast-buffers "${STEPS[@]}"
+  bench f4-sharding-2gpu-preset-fairscale 0,1 200 "${TWO[@]}" oss_benchmark.py --strategy all --preset fairscale \
+    "${shard[@]}"
+  bench f4-sharding-2gpu-bf16-256-sgd 0,1 200 "${TWO[@]}" oss_benchmark.py --strategy all "${shard[@]}"
+  bench f4-native-2gpu-bf16-256-compile-noopt-graphs-nobb 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --compiled-ddp no_optimization --no-broadcast-buffers "${graphs[@]}"
 }
 
 section_oom() {
