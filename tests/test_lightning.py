@@ -101,11 +101,16 @@ def test_more_devices_than_gpus(twin, tmp_path, monkeypatch, capsys):
 def test_readme_code_map_line_numbers_match_the_file():
     readme = (ROOT / "lightning" / "README.md").read_text()
     source = (ROOT / "lightning" / "ddp_resnet50.py").read_text().splitlines()
-    entries = re.findall(r"`(?:ResNet50Benchmark\.)?(\w+)\(\)` — line (\d+)", readme)
-    assert len(entries) >= 10, entries
-    for name, line in entries:
+    entries = re.findall(r"`(ResNet50Benchmark\.)?(\w+)(?:\(\))?` — line (\d+)", readme)
+    assert len(entries) >= 11, entries
+    module_class = next(i for i, text in enumerate(source, 1) if text.startswith("class ResNet50Benchmark("))
+    for method, name, line in entries:
         text = source[int(line) - 1]
         assert re.match(rf"\s*(def|class) {name}\b", text), f"{name} is not at line {line}: {text!r}"
+        # a method's line lies inside its class (other classes have an __init__ too), a function's outside
+        inside = int(line) > module_class and text.startswith(" ") and all(not s.startswith(("def ", "class "))
+                                                  for s in source[module_class:int(line) - 1])
+        assert inside == bool(method), f"{method}{name} at line {line} is {'' if inside else 'not '}in the class"
     models = re.findall(r"`([\w.]+)\(weights=None\)` at line (\d+)", readme)
     assert models, "the code map names the line that creates the model"
     for name, line in models:

@@ -9,7 +9,9 @@ the 2-GPU summary has that the 1-GPU one has not.
     torchrun --nproc-per-node 1 docs/diagnostics/ddp-scaling/probe.py --out DIR --name 1gpu [script options]
     torchrun --nproc-per-node 2 docs/diagnostics/ddp-scaling/probe.py --out DIR --name 2gpu [script options]
     python docs/diagnostics/ddp-scaling/probe.py --compare DIR/1gpu-rank0.json DIR/2gpu-rank0.json
+    python docs/diagnostics/ddp-scaling/probe.py --from-trace DIR/2gpu-rank0.trace.json.gz DIR/2gpu-rank0.json
 """
+import gzip
 import json
 import os
 import pathlib
@@ -55,10 +57,21 @@ def intersection(a, b):
 
 
 def summarise(trace_events, steps, step_ms):
-    """Per-step figures (ms) of one rank's GPU timeline from a chrome trace's events."""
+    """Per-step figures (ms) of one rank's GPU timeline from a chrome trace's events. The first profiled step
+    is left out (the profiler's start slows it): the steps are told apart by the compute stream's kernel count,
+    the same in every step of this workload."""
     kernels = [e for e in trace_events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if not kernels:
         return {"steps": steps, "step_ms_events": step_ms, "kernels": 0}
+    streams = {}
+    for e in kernels:
+        streams[e["args"].get("stream")] = streams.get(e["args"].get("stream"), 0) + e["dur"]
+    busiest = sorted((e for e in kernels if e["args"].get("stream") == max(streams, key=streams.get)),
+                     key=lambda e: e["ts"])
+    if steps > 1 and len(busiest) % steps == 0:
+        boundary = busiest[len(busiest) // steps]["ts"]
+        kernels = [e for e in kernels if e["ts"] >= boundary]
+        steps, step_ms = steps - 1, step_ms[1:]
     per_stream = {}
     for e in kernels:
         per_stream.setdefault(e["args"].get("stream"), []).append(e)
@@ -177,9 +190,21 @@ def compare(base_path, other_path):
         print(f"  {delta:+8.3f} ms {count:+7.1f} kernels  {name}")
 
 
+def from_trace(trace_path, steps, summary_path):
+    """Summarise a kept trace again (the device run gzips rank 0's)."""
+    opener = gzip.open if trace_path.endswith(".gz") else open
+    with opener(trace_path, "rt") as handle:
+        events = json.load(handle)["traceEvents"]
+    summary = json.loads(pathlib.Path(summary_path).read_text())
+    summary.update(summarise(events, steps, summary["step_ms_events"][-steps:]))
+    pathlib.Path(summary_path).write_text(json.dumps(summary, indent=1))
+
+
 def main():
     if sys.argv[1:2] == ["--compare"]:
         return compare(sys.argv[2], sys.argv[3])
+    if sys.argv[1:2] == ["--from-trace"]:  # --from-trace TRACE SUMMARY: redo SUMMARY's figures from TRACE
+        return from_trace(sys.argv[2], ACTIVE, sys.argv[3])
     argv, probe = sys.argv[1:], {}
     for flag in ("--out", "--name"):
         index = argv.index(flag)
