@@ -7,7 +7,8 @@
 #
 # Sections: native (issue 2), lightning (issue 3), graphs and compile (issue 7), sharding (issue 4), oom (issue 9);
 # the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7), and more below;
-# confirm3 was prepared and not run; the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and final4.
+# the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
+# final4; next5 and autotune5 are prepared for the next device session and have not been run.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log; a summary table is printed last.
 # Keep NVLink multicast off (the machine's rule): exported here, inherited by every child process.
 set -uo pipefail
@@ -238,20 +239,6 @@ section_fsdp3() {  # session 2, issue 4: fsdp_zero2 with Adam again (its first r
     --optimizer adam --warmup-steps 10 --steps 50
 }
 
-section_confirm3() {  # prepared for the next device session, not yet run: what 2026-11-30 left unconfirmed
-  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
-  bench confirm3-native-2gpu-bf16-256 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
-  bench confirm3-lightning-2gpu-bf16-256 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 "${STEPS[@]}"
-  bench confirm3-lightning-2gpu-bf16-256-b 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 "${STEPS[@]}"
-  bench confirm3-native-2gpu-bf16-256-b 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
-  bench confirm3-lightning-2gpu-bf16-256-compile 0,1 300 "$PY" lightning/ddp_resnet50.py --devices 2 --compile \
-    "${STEPS[@]}"
-  bench confirm3-native-2gpu-bf16-256-compile-noopt 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
-    --compiled-ddp no_optimization "${STEPS[@]}"
-  bench confirm3-native-2gpu-bf16-256-compile-noopt-graphs 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
-    --compiled-ddp no_optimization "${graphs[@]}"
-}
-
 section_scale4() {  # session 3, issues 2 and 3: twins at 256 and 32, what is left of 2-GPU scaling, profiles
   local d=$OUT_DIR/diagnostics probe=docs/diagnostics/ddp-scaling/probe.py
   mkdir -p "$d"
@@ -325,6 +312,30 @@ section_final4() {  # session 3, last call: launch-bound twins (issue 3), compil
   bench f4-sharding-2gpu-bf16-256-sgd 0,1 200 "${TWO[@]}" oss_benchmark.py --strategy all "${shard[@]}"
   bench f4-native-2gpu-bf16-256-compile-noopt-graphs-nobb 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
     --compiled-ddp no_optimization --no-broadcast-buffers "${graphs[@]}"
+}
+
+section_next5() {  # prepared for the next device session, not yet run: what the third session left open
+  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100) run
+  # issue 2: CUDA graphs remove the launch gaps of DDP's extra kernels (docs/diagnostics/ddp-scaling/)
+  pair "n5-native-1gpu-bf16-256-graphs-gpu0 120 ddp_resnet50.py ${graphs[*]}" \
+       "n5-native-1gpu-bf16-256-graphs-gpu1 120 ddp_resnet50.py ${graphs[*]}"
+  bench n5-native-2gpu-bf16-256-graphs 0,1 150 "${TWO[@]}" ddp_resnet50.py "${graphs[@]}"
+  # issues 3 and 7: the compiled twins twice, alternating (the first compile fills the cache for the others)
+  for run in a b; do
+    bench "n5-native-2gpu-bf16-256-compile-noopt-$run" 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+      --compiled-ddp no_optimization "${STEPS[@]}"
+    bench "n5-lightning-2gpu-bf16-256-compile-$run" 0,1 300 "$PY" lightning/ddp_resnet50.py --devices 2 --compile \
+      "${STEPS[@]}"
+  done
+  # issue 7: the reducer traced into the compiled backward (compiled autograd)
+  bench n5-native-2gpu-bf16-256-compile-pyreducer 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --compiled-ddp python_reducer "${STEPS[@]}"
+}
+
+section_autotune5() {  # prepared, not yet run: Inductor's autotuning (minutes of compilation), one GPU each
+  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
+  pair "a5-native-1gpu-bf16-256-autotune-graphs 500 ddp_resnet50.py --compile-mode max-autotune-no-cudagraphs ${graphs[*]}" \
+       "a5-native-1gpu-bf16-256-compile-graphs 300 ddp_resnet50.py --compile ${graphs[*]}"
 }
 
 section_oom() {
