@@ -6,6 +6,7 @@ reads files.
 """
 import copy
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -442,3 +443,14 @@ def test_long_setup_titles_keep_distinct_plot_names(report):
     names = {report.slug(title + "sgd"), report.slug(title + "adam")}
     assert len(names) == 2 and all(len(name) <= 90 for name in names)
     assert report.slug("Short · title") == "short-title"
+
+
+def test_readme_evidence_commands_name_sections_that_exist():
+    # The README lists the device calls behind results/; each section it names must still be in the script.
+    script = (ROOT / "tools" / "gpu_evidence.sh").read_text()
+    defined = set(re.findall(r"^section_(\w+)\(\) \{", script, re.MULTILINE))
+    readme = (ROOT / "README.md").read_text()
+    calls = re.findall(r"^tools/gpu_evidence\.sh ([\w ]+?) --out", readme, re.MULTILINE)
+    assert len(calls) >= 10, calls
+    named = {section for call in calls for section in call.split()}
+    assert named <= defined, f"README names sections that tools/gpu_evidence.sh lacks: {sorted(named - defined)}"
