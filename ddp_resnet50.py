@@ -538,7 +538,7 @@ def write_json_atomically(path, payload):
 
 
 class StepTimer:
-    """Marks between steps: CUDA events on the GPU (no host sync), the host clock on the CPU."""
+    """Marks between steps: CUDA events on the GPU (no host sync), and the host clock at each mark."""
 
     def __init__(self, device, capacity):
         self.cuda = device.type == "cuda"
@@ -549,8 +549,7 @@ class StepTimer:
     def mark(self):
         if self.cuda:
             self.events[self.count].record()
-        else:
-            self.host_marks.append(time.perf_counter())
+        self.host_marks.append(time.perf_counter())
         self.count += 1
 
     def step_times_ms(self):
@@ -558,6 +557,15 @@ class StepTimer:
         if self.cuda:
             return [self.events[i].elapsed_time(self.events[i + 1]) for i in range(self.count - 1)]
         return [(b - a) * 1e3 for a, b in zip(self.host_marks, self.host_marks[1:])]
+
+    def host_lead_ms(self):
+        """How long after the host queued each step's end mark the GPU reached it: tens of ms when the host runs
+        ahead (the GPU sets the pace), near 0 when the GPU waits for the host. The first mark follows a device
+        synchronize, so the GPU reaches it at once and both clocks start there. None on the CPU."""
+        if not self.cuda:
+            return None
+        return [self.events[0].elapsed_time(self.events[i]) - (self.host_marks[i] - self.host_marks[0]) * 1e3
+                for i in range(1, self.count)]
 
 
 class StopRequest:
@@ -672,7 +680,8 @@ def base_result(config, launch, started_at):
                       "devices_per_node": launch["local_world_size"], "launcher": launch["launcher"],
                       "backend": config["backend"], "slurm_job_id": launch.get("slurm_job_id"),
                       "master_addr": launch["master_addr"], "master_port": launch["master_port"]},
-            "throughput": None, "step_time_ms": None, "step_times_ms_per_rank": None, "loss_per_step": None,
+            "throughput": None, "step_time_ms": None, "step_times_ms_per_rank": None,
+            "host_lead_ms": None, "host_lead_ms_per_rank": None, "loss_per_step": None,
             "memory": None, "checks": None, "efficiency": None, "failure": None,
             "software": collect_software(), "hardware": None, "git": collect_git(),
             "started_at": started_at.strftime("%Y-%m-%dT%H:%M:%SZ"), "wall_time_s": None}
@@ -693,6 +702,10 @@ def complete_result(result, per_rank, global_batch, flops_per_image):
         "timed_steps": steps_done, "timed_wall_s": wall}
     result["step_time_ms"] = summarize(pooled)
     result["step_times_ms_per_rank"] = [r["step_times_ms"] for r in per_rank]
+    leads = [r.get("host_lead_ms") for r in per_rank]
+    if None not in leads:
+        result["host_lead_ms"] = summarize([v for lead in leads for v in lead])
+        result["host_lead_ms_per_rank"] = leads
     result["loss_per_step"] = rank0["losses"]
     result["hardware"] = {"ranks": [r["hardware"] for r in per_rank], "device_count": world_size,
                           "hostnames": sorted({r["hardware"]["hostname"] for r in per_rank}), **rank0["host"]}
@@ -798,6 +811,7 @@ def measure(step, config, device, rank, world_size, monitor, stop):
     record["timed_wall_s"] = time.perf_counter() - started if started is not None else 0.0
     record["signal"] = record["signal"] or stop.settle(world_size)  # a signal during the last step
     record["step_times_ms"] = timer.step_times_ms()
+    record["host_lead_ms"] = timer.host_lead_ms()
     record["losses"] = [float(v) for v in torch.stack(losses).float().cpu()] if losses else []
     cuda = device.type == "cuda"
     record["peak_allocated_mib"] = mib(torch.cuda.max_memory_allocated(device)) if cuda else None

@@ -196,3 +196,25 @@ def test_stop_agreement_reads_the_previous_round_and_settles_the_last(native, tm
         assert stop.settle(2) == 0  # the round in flight was started before this signal
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_host_lead_is_how_long_the_gpu_took_to_reach_each_mark(native):
+    class Event:  # a recorded CUDA event: when the GPU passed it, in ms
+        def __init__(self, at_ms):
+            self.at_ms = at_ms
+
+        def elapsed_time(self, later):
+            return later.at_ms - self.at_ms
+
+    timer = native.StepTimer(torch.device("cpu"), 3)
+    for _ in range(4):
+        timer.mark()
+    assert timer.host_lead_ms() is None  # no GPU: nothing to lead
+    # The host queued the marks at 0, 1, 2 and 3 ms; the GPU reached them at 0, 50, 100 and 150 ms: the host was
+    # ahead by 49, 98 and 147 ms (the GPU set the pace). A launch-bound step shows the GPU right behind the host.
+    timer.cuda, timer.host_marks = True, [10.0, 10.001, 10.002, 10.003]
+    timer.events = [Event(0.0), Event(50.0), Event(100.0), Event(150.0)]
+    assert timer.host_lead_ms() == pytest.approx([49.0, 98.0, 147.0])
+    assert timer.step_times_ms() == pytest.approx([50.0, 50.0, 50.0])
+    timer.events = [Event(0.0), Event(1.02), Event(2.01), Event(3.05)]
+    assert timer.host_lead_ms() == pytest.approx([0.02, 0.01, 0.05])

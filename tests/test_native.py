@@ -34,6 +34,7 @@ def test_two_rank_result_field_by_field(native_two_rank):
     assert stats["count"] == 8 and stats["min"] == pooled[0] and stats["max"] == pooled[-1]
     assert stats["median"] == pytest.approx((pooled[3] + pooled[4]) / 2)
     assert stats["min"] <= stats["median"] <= stats["p90"] <= stats["p99"] <= stats["max"]
+    assert result["host_lead_ms"] is None and result["host_lead_ms_per_rank"] is None  # GPU events only
     # The event (here: host clock per step) sum agrees with the wall time of the timed region.
     checks = result["checks"]
     assert checks["timing_consistent"] and all(0.95 <= q <= 1.02 for q in checks["event_time_over_wall"])
