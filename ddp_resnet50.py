@@ -151,10 +151,11 @@ def add_harness_arguments(parser):
 
 
 def add_ddp_arguments(parser, cuda_graphs):
-    parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
+    parser.add_argument("--bucket-cap-mb", type=bucket_megabytes, default=25.0, help="DDP gradient bucket size")
     parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
                         help="let gradients alias DDP's buckets: saves DDP's copy of every gradient back from its "
-                             "bucket after the all-reduce (and the memory); PyTorch's own default is off")
+                             "bucket after the all-reduce (the copy in remains: gradients are set to None every "
+                             "step); PyTorch's own default is off")
     parser.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
                         help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward; "
                              "without it each rank keeps its own statistics")
@@ -173,6 +174,13 @@ def add_ddp_arguments(parser, cuda_graphs):
                                  "needs no host sync and fits a CUDA graph; a non-finite loss fails the run")
 
 
+def bucket_megabytes(text):
+    value = positive_float(text)
+    if value > 1e6:  # DDP turns it into a C++ byte count
+        raise argparse.ArgumentTypeError(f"must be at most 1e6 MB, got {text}")
+    return value
+
+
 def loss_scale_value(text):
     if text == "dynamic":
         return text
@@ -180,8 +188,8 @@ def loss_scale_value(text):
         value = float(text)
     except ValueError:
         value = 0.0
-    if not (value >= 1 and math.isfinite(value) and math.frexp(value)[0] == 0.5):
-        raise argparse.ArgumentTypeError(f"must be dynamic or a power of two >= 1, got {text}")
+    if not (1 <= value <= 2**24 and math.frexp(value)[0] == 0.5):  # larger scales overflow fp16 gradients
+        raise argparse.ArgumentTypeError(f"must be dynamic or a power of two from 1 to 2**24, got {text}")
     return value
 
 
@@ -195,7 +203,9 @@ def resolve_ddp_options(args, config, world_size):
         raise UsageError(f"--loss-scale {loss_scale:g} needs --precision fp16 (bf16 and fp32 need no loss scaling)")
     config.update(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph,
                   gradient_as_bucket_view=args.gradient_as_bucket_view, broadcast_buffers=args.broadcast_buffers,
-                  compiled_ddp=args.compiled_ddp, cuda_graphs=cuda_graphs,
+                  # what runs: without a choice PyTorch splits a compiled graph at DDP's buckets (ddp_optimizer)
+                  compiled_ddp=args.compiled_ddp or ("ddp_optimizer" if config["compile"] and world_size > 1
+                                                     else None), cuda_graphs=cuda_graphs,
                   loss_scale=loss_scale if config["precision"] == "fp16" else None,
                   grad_scaler=config["grad_scaler"] and loss_scale == "dynamic")
     if cuda_graphs:
@@ -279,7 +289,7 @@ def detect_launch(env):
                              f"LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}")
         launch.update(launcher="torchrun" if "TORCHELASTIC_RUN_ID" in env else "env", rank=rank,
                       world_size=world, local_rank=local_rank, local_world_size=local_world,
-                      num_nodes=world // local_world, master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                      num_nodes=world // local_world, master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
                       master_port=port("MASTER_PORT", 29500))
     elif "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:  # inside srun
         rank, world, local_rank = integer("SLURM_PROCID"), integer("SLURM_STEP_NUM_TASKS"), integer("SLURM_LOCALID")
@@ -642,13 +652,18 @@ def parameter_checksums(parameters):
 
 
 def compare_checksums(per_rank):
-    """Parameters agree when the checksums do; NaN agrees with NaN (a diverged run is not a desync), and a
-    NaN against a number counts as an infinite difference."""
+    """Parameters agree when every checksum equals rank 0's to 1e-9 of its own size (a tensor's checksum, not
+    the model's largest, so that a large tensor cannot hide a small one's difference). Equal values agree,
+    infinities and NaN included (a diverged run is not a desync); a NaN against a number is an infinite
+    difference. Returns (agree, largest difference)."""
     reference = per_rank[0]
-    largest = max(float(torch.where(checksums.isnan() & reference.isnan(), 0.0, (checksums - reference).abs())
-                        .nan_to_num(nan=math.inf).max()) for checksums in per_rank)
-    scale = float(reference.abs().max())
-    return largest <= 1e-9 * max(1.0, scale), largest
+    agree, largest = True, 0.0
+    for checksums in per_rank:
+        same = (checksums == reference) | (checksums.isnan() & reference.isnan())
+        difference = torch.where(same, 0.0, (checksums - reference).abs().nan_to_num(nan=math.inf))
+        agree = agree and bool((same | (difference <= 1e-9 * reference.abs().clamp_min(1.0))).all())
+        largest = max(largest, float(difference.max()))
+    return agree, largest
 
 
 def failure_from_peers(store, rank, world_size, wait_s=3.0):
@@ -809,7 +824,8 @@ def measure(step, config, device, rank, world_size, monitor, stop):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     record["timed_wall_s"] = time.perf_counter() - started if started is not None else 0.0
-    record["signal"] = record["signal"] or stop.settle(world_size)  # a signal during the last step
+    last_round = stop.settle(world_size)  # always: no round outlives the loop
+    record["signal"] = record["signal"] or last_round  # a signal during the last step
     record["step_times_ms"] = timer.step_times_ms()
     record["host_lead_ms"] = timer.host_lead_ms()
     record["losses"] = [float(v) for v in torch.stack(losses).float().cpu()] if losses else []
@@ -993,11 +1009,8 @@ def train_step(model, optimizer, scaler, images, labels, config):
     return loss.detach()
 
 
-def main(argv=None):
-    started_at = datetime.datetime.now(datetime.timezone.utc)
-    wall_start = time.perf_counter()
-    args = parse_arguments(argv)
-    launch = detect_launch(os.environ)
+def resolve_config(args, launch):
+    """Every option checked and resolved, before any process group or GPU work. Returns (config, GPU count)."""
     cuda_available = args.device == "cuda" and torch.cuda.is_available()
     device_count = torch.cuda.device_count() if cuda_available else 0
     bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
@@ -1006,6 +1019,42 @@ def main(argv=None):
     config.update(model="resnet50", optimizer="sgd", optimizer_impl=sgd_implementation(config))
     if config["cuda_graphs"]:  # NCCL's watchdog must not poll work that lives inside a captured graph
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    return config, device_count
+
+
+def build_step(config, device, rank, world_size):
+    """The model (identical initial weights on every rank), its DDP wrapper, optimizer and batch, and the
+    training step that measure() times. Returns (step, model)."""
+    torch.manual_seed(config["seed"])
+    model = build_model().to(device)
+    if config["memory_format"] == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+    if world_size > 1:
+        # A captured all-reduce must come from a DDP built on a side stream (PyTorch's CUDA graph notes).
+        with torch.cuda.stream(torch.cuda.Stream()) if config["cuda_graphs"] else contextlib.nullcontext():
+            model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                            bucket_cap_mb=config["bucket_cap_mb"],
+                                            static_graph=config["static_graph"],
+                                            **ddp_buffer_option(config),
+                                            gradient_as_bucket_view=config["gradient_as_bucket_view"])
+    optimizer = make_optimizer(model.parameters(), config)
+    scaler = torch.amp.GradScaler(device.type) if config["grad_scaler"] else None
+    if config["compile"]:
+        model = torch.compile(model, mode=None if config["compile_mode"] == "default" else config["compile_mode"])
+    images, labels = make_synthetic_batch(config, rank, device)
+
+    step = lambda: train_step(model, optimizer, scaler, images, labels, config)  # noqa: E731
+    if config["cuda_graphs"]:
+        step = GraphedStep(step, eager_steps=config["warmup_steps"] - 1)
+    return step, model
+
+
+def main(argv=None):
+    started_at = datetime.datetime.now(datetime.timezone.utc)
+    wall_start = time.perf_counter()
+    args = parse_arguments(argv)
+    launch = detect_launch(os.environ)
+    config, device_count = resolve_config(args, launch)
     rank, world_size = launch["rank"], launch["world_size"]
     stop = StopRequest()
     stop.install()
@@ -1019,27 +1068,7 @@ def main(argv=None):
         if rank == 0:
             print_environment(result, config)
 
-        torch.manual_seed(config["seed"])  # identical initial weights on every rank
-        model = build_model().to(device)
-        if config["memory_format"] == "channels_last":
-            model = model.to(memory_format=torch.channels_last)
-        if world_size > 1:
-            # A captured all-reduce must come from a DDP built on a side stream (PyTorch's CUDA graph notes).
-            with torch.cuda.stream(torch.cuda.Stream()) if config["cuda_graphs"] else contextlib.nullcontext():
-                model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                                bucket_cap_mb=config["bucket_cap_mb"],
-                                                static_graph=config["static_graph"],
-                                                **ddp_buffer_option(config),
-                                                gradient_as_bucket_view=config["gradient_as_bucket_view"])
-        optimizer = make_optimizer(model.parameters(), config)
-        scaler = torch.amp.GradScaler(device.type) if config["grad_scaler"] else None
-        if config["compile"]:
-            model = torch.compile(model, mode=None if config["compile_mode"] == "default" else config["compile_mode"])
-        images, labels = make_synthetic_batch(config, rank, device)
-
-        step = lambda: train_step(model, optimizer, scaler, images, labels, config)  # noqa: E731
-        if config["cuda_graphs"]:
-            step = GraphedStep(step, eager_steps=config["warmup_steps"] - 1)
+        step, model = build_step(config, device, rank, world_size)
         record = measure(step, config, device, rank, world_size, monitor, stop)
         inject_fault(config, rank, 0, "desync", model)
         record.update(hardware=hardware, checksums=parameter_checksums(model.parameters()))

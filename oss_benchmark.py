@@ -199,10 +199,11 @@ def add_harness_arguments(parser):
 
 
 def add_ddp_arguments(parser, cuda_graphs):
-    parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
+    parser.add_argument("--bucket-cap-mb", type=bucket_megabytes, default=25.0, help="DDP gradient bucket size")
     parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
                         help="let gradients alias DDP's buckets: saves DDP's copy of every gradient back from its "
-                             "bucket after the all-reduce (and the memory); PyTorch's own default is off")
+                             "bucket after the all-reduce (the copy in remains: gradients are set to None every "
+                             "step); PyTorch's own default is off")
     parser.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
                         help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward; "
                              "without it each rank keeps its own statistics")
@@ -221,6 +222,13 @@ def add_ddp_arguments(parser, cuda_graphs):
                                  "needs no host sync and fits a CUDA graph; a non-finite loss fails the run")
 
 
+def bucket_megabytes(text):
+    value = positive_float(text)
+    if value > 1e6:  # DDP turns it into a C++ byte count
+        raise argparse.ArgumentTypeError(f"must be at most 1e6 MB, got {text}")
+    return value
+
+
 def loss_scale_value(text):
     if text == "dynamic":
         return text
@@ -228,8 +236,8 @@ def loss_scale_value(text):
         value = float(text)
     except ValueError:
         value = 0.0
-    if not (value >= 1 and math.isfinite(value) and math.frexp(value)[0] == 0.5):
-        raise argparse.ArgumentTypeError(f"must be dynamic or a power of two >= 1, got {text}")
+    if not (1 <= value <= 2**24 and math.frexp(value)[0] == 0.5):  # larger scales overflow fp16 gradients
+        raise argparse.ArgumentTypeError(f"must be dynamic or a power of two from 1 to 2**24, got {text}")
     return value
 
 
@@ -243,7 +251,9 @@ def resolve_ddp_options(args, config, world_size):
         raise UsageError(f"--loss-scale {loss_scale:g} needs --precision fp16 (bf16 and fp32 need no loss scaling)")
     config.update(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph,
                   gradient_as_bucket_view=args.gradient_as_bucket_view, broadcast_buffers=args.broadcast_buffers,
-                  compiled_ddp=args.compiled_ddp, cuda_graphs=cuda_graphs,
+                  # what runs: without a choice PyTorch splits a compiled graph at DDP's buckets (ddp_optimizer)
+                  compiled_ddp=args.compiled_ddp or ("ddp_optimizer" if config["compile"] and world_size > 1
+                                                     else None), cuda_graphs=cuda_graphs,
                   loss_scale=loss_scale if config["precision"] == "fp16" else None,
                   grad_scaler=config["grad_scaler"] and loss_scale == "dynamic")
     if cuda_graphs:
@@ -327,7 +337,7 @@ def detect_launch(env):
                              f"LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}")
         launch.update(launcher="torchrun" if "TORCHELASTIC_RUN_ID" in env else "env", rank=rank,
                       world_size=world, local_rank=local_rank, local_world_size=local_world,
-                      num_nodes=world // local_world, master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                      num_nodes=world // local_world, master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
                       master_port=port("MASTER_PORT", 29500))
     elif "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:  # inside srun
         rank, world, local_rank = integer("SLURM_PROCID"), integer("SLURM_STEP_NUM_TASKS"), integer("SLURM_LOCALID")
@@ -690,13 +700,18 @@ def parameter_checksums(parameters):
 
 
 def compare_checksums(per_rank):
-    """Parameters agree when the checksums do; NaN agrees with NaN (a diverged run is not a desync), and a
-    NaN against a number counts as an infinite difference."""
+    """Parameters agree when every checksum equals rank 0's to 1e-9 of its own size (a tensor's checksum, not
+    the model's largest, so that a large tensor cannot hide a small one's difference). Equal values agree,
+    infinities and NaN included (a diverged run is not a desync); a NaN against a number is an infinite
+    difference. Returns (agree, largest difference)."""
     reference = per_rank[0]
-    largest = max(float(torch.where(checksums.isnan() & reference.isnan(), 0.0, (checksums - reference).abs())
-                        .nan_to_num(nan=math.inf).max()) for checksums in per_rank)
-    scale = float(reference.abs().max())
-    return largest <= 1e-9 * max(1.0, scale), largest
+    agree, largest = True, 0.0
+    for checksums in per_rank:
+        same = (checksums == reference) | (checksums.isnan() & reference.isnan())
+        difference = torch.where(same, 0.0, (checksums - reference).abs().nan_to_num(nan=math.inf))
+        agree = agree and bool((same | (difference <= 1e-9 * reference.abs().clamp_min(1.0))).all())
+        largest = max(largest, float(difference.max()))
+    return agree, largest
 
 
 def failure_from_peers(store, rank, world_size, wait_s=3.0):
@@ -857,7 +872,8 @@ def measure(step, config, device, rank, world_size, monitor, stop):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     record["timed_wall_s"] = time.perf_counter() - started if started is not None else 0.0
-    record["signal"] = record["signal"] or stop.settle(world_size)  # a signal during the last step
+    last_round = stop.settle(world_size)  # always: no round outlives the loop
+    record["signal"] = record["signal"] or last_round  # a signal during the last step
     record["step_times_ms"] = timer.step_times_ms()
     record["host_lead_ms"] = timer.host_lead_ms()
     record["losses"] = [float(v) for v in torch.stack(losses).float().cpu()] if losses else []

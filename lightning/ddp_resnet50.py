@@ -158,10 +158,11 @@ def add_harness_arguments(parser):
 
 
 def add_ddp_arguments(parser, cuda_graphs):
-    parser.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
+    parser.add_argument("--bucket-cap-mb", type=bucket_megabytes, default=25.0, help="DDP gradient bucket size")
     parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
                         help="let gradients alias DDP's buckets: saves DDP's copy of every gradient back from its "
-                             "bucket after the all-reduce (and the memory); PyTorch's own default is off")
+                             "bucket after the all-reduce (the copy in remains: gradients are set to None every "
+                             "step); PyTorch's own default is off")
     parser.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
                         help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward; "
                              "without it each rank keeps its own statistics")
@@ -180,6 +181,13 @@ def add_ddp_arguments(parser, cuda_graphs):
                                  "needs no host sync and fits a CUDA graph; a non-finite loss fails the run")
 
 
+def bucket_megabytes(text):
+    value = positive_float(text)
+    if value > 1e6:  # DDP turns it into a C++ byte count
+        raise argparse.ArgumentTypeError(f"must be at most 1e6 MB, got {text}")
+    return value
+
+
 def loss_scale_value(text):
     if text == "dynamic":
         return text
@@ -187,8 +195,8 @@ def loss_scale_value(text):
         value = float(text)
     except ValueError:
         value = 0.0
-    if not (value >= 1 and math.isfinite(value) and math.frexp(value)[0] == 0.5):
-        raise argparse.ArgumentTypeError(f"must be dynamic or a power of two >= 1, got {text}")
+    if not (1 <= value <= 2**24 and math.frexp(value)[0] == 0.5):  # larger scales overflow fp16 gradients
+        raise argparse.ArgumentTypeError(f"must be dynamic or a power of two from 1 to 2**24, got {text}")
     return value
 
 
@@ -202,7 +210,9 @@ def resolve_ddp_options(args, config, world_size):
         raise UsageError(f"--loss-scale {loss_scale:g} needs --precision fp16 (bf16 and fp32 need no loss scaling)")
     config.update(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph,
                   gradient_as_bucket_view=args.gradient_as_bucket_view, broadcast_buffers=args.broadcast_buffers,
-                  compiled_ddp=args.compiled_ddp, cuda_graphs=cuda_graphs,
+                  # what runs: without a choice PyTorch splits a compiled graph at DDP's buckets (ddp_optimizer)
+                  compiled_ddp=args.compiled_ddp or ("ddp_optimizer" if config["compile"] and world_size > 1
+                                                     else None), cuda_graphs=cuda_graphs,
                   loss_scale=loss_scale if config["precision"] == "fp16" else None,
                   grad_scaler=config["grad_scaler"] and loss_scale == "dynamic")
     if cuda_graphs:
@@ -286,7 +296,7 @@ def detect_launch(env):
                              f"LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}")
         launch.update(launcher="torchrun" if "TORCHELASTIC_RUN_ID" in env else "env", rank=rank,
                       world_size=world, local_rank=local_rank, local_world_size=local_world,
-                      num_nodes=world // local_world, master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                      num_nodes=world // local_world, master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
                       master_port=port("MASTER_PORT", 29500))
     elif "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:  # inside srun
         rank, world, local_rank = integer("SLURM_PROCID"), integer("SLURM_STEP_NUM_TASKS"), integer("SLURM_LOCALID")
@@ -649,13 +659,18 @@ def parameter_checksums(parameters):
 
 
 def compare_checksums(per_rank):
-    """Parameters agree when the checksums do; NaN agrees with NaN (a diverged run is not a desync), and a
-    NaN against a number counts as an infinite difference."""
+    """Parameters agree when every checksum equals rank 0's to 1e-9 of its own size (a tensor's checksum, not
+    the model's largest, so that a large tensor cannot hide a small one's difference). Equal values agree,
+    infinities and NaN included (a diverged run is not a desync); a NaN against a number is an infinite
+    difference. Returns (agree, largest difference)."""
     reference = per_rank[0]
-    largest = max(float(torch.where(checksums.isnan() & reference.isnan(), 0.0, (checksums - reference).abs())
-                        .nan_to_num(nan=math.inf).max()) for checksums in per_rank)
-    scale = float(reference.abs().max())
-    return largest <= 1e-9 * max(1.0, scale), largest
+    agree, largest = True, 0.0
+    for checksums in per_rank:
+        same = (checksums == reference) | (checksums.isnan() & reference.isnan())
+        difference = torch.where(same, 0.0, (checksums - reference).abs().nan_to_num(nan=math.inf))
+        agree = agree and bool((same | (difference <= 1e-9 * reference.abs().clamp_min(1.0))).all())
+        largest = max(largest, float(difference.max()))
+    return agree, largest
 
 
 def failure_from_peers(store, rank, world_size, wait_s=3.0):
@@ -816,7 +831,8 @@ def measure(step, config, device, rank, world_size, monitor, stop):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     record["timed_wall_s"] = time.perf_counter() - started if started is not None else 0.0
-    record["signal"] = record["signal"] or stop.settle(world_size)  # a signal during the last step
+    last_round = stop.settle(world_size)  # always: no round outlives the loop
+    record["signal"] = record["signal"] or last_round  # a signal during the last step
     record["step_times_ms"] = timer.step_times_ms()
     record["host_lead_ms"] = timer.host_lead_ms()
     record["losses"] = [float(v) for v in torch.stack(losses).float().cpu()] if losses else []
@@ -1066,7 +1082,9 @@ class ResNet50Benchmark(L.LightningModule):
         check_rank_agreement(self.config, self.hardware, self.monitor, world_size)
         if self.global_rank == 0:
             print_environment(self.result, self.config)
-        if self.config["compile"]:  # the ResNet alone: DDP then wraps the compiled module (no_optimization)
+        # The ResNet alone; DDP then wraps the compiled module. Dynamo still sees DDP around it while it traces
+        # and splits the graph at DDP's buckets (ddp_optimizer) unless --compiled-ddp no_optimization.
+        if self.config["compile"]:
             self.model = torch.compile(self.model, mode=None if self.config["compile_mode"] == "default"
                                        else self.config["compile_mode"])
 
@@ -1128,7 +1146,8 @@ class ResNet50Benchmark(L.LightningModule):
             torch.cuda.synchronize(self.device)
         record = self.record
         record["timed_wall_s"] = time.perf_counter() - self.started if self.started is not None else 0.0
-        record["signal"] = record["signal"] or self.stop.settle(self.trainer.world_size)  # a signal in the last step
+        last_round = self.stop.settle(self.trainer.world_size)  # always: no round outlives the loop
+        record["signal"] = record["signal"] or last_round  # a signal during the last step
         record["step_times_ms"] = self.timer.step_times_ms()
         record["host_lead_ms"] = self.timer.host_lead_ms()
         record["losses"] = [float(v) for v in torch.stack(self.losses).float().cpu()] if self.losses else []
@@ -1149,11 +1168,9 @@ def main(argv=None):
     bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
     config = resolve_harness_config(args, launch, STRATEGY, cuda_available, device_count, bf16_supported)
     resolve_ddp_options(args, config, launch["world_size"])
-    if args.compiled_ddp not in (None, "no_optimization"):
-        raise UsageError(f"--compiled-ddp {args.compiled_ddp} cannot apply here: Lightning wraps the compiled ResNet "
-                         f"in DDP, so DDP's all-reduce follows the compiled backward (native's no_optimization)")
-    if config["compile"] and launch["world_size"] > 1:
-        config["compiled_ddp"] = "no_optimization"  # what wrapping the compiled module in DDP amounts to
+    if args.compiled_ddp == "python_reducer":
+        raise UsageError("--compiled-ddp python_reducer is not supported by the Lightning twin: Lightning runs the "
+                         "backward itself, outside the compiled module, and compiled autograd was not tried there")
     config.update(model="resnet50", optimizer="sgd", optimizer_impl=sgd_implementation(config),
                   lightning_sigterm_sync=args.lightning_sigterm_sync,
                   lightning_ddp_side_stream=args.lightning_ddp_side_stream, devices=args.devices, num_nodes=args.num_nodes,

@@ -84,6 +84,16 @@ def expect_usage_error(script, argv, rule, output, monkeypatch, capsys):
     return lines[0]
 
 
+def resolve_config(script, argv, env=None, cuda=True, count=8, bf16=True, ddp_world_size=None):
+    """A loaded script's harness config for a command line, as main() resolves it before any GPU work;
+    with ddp_world_size, also its DDP options for that many ranks."""
+    args = script.parse_arguments(list(argv))
+    config = script.resolve_harness_config(args, script.detect_launch(env or {}), "ddp", cuda, count, bf16)
+    if ddp_world_size is not None:
+        script.resolve_ddp_options(args, config, ddp_world_size)
+    return config
+
+
 def one_error_line(stderr):
     """The non-empty lines a failing run printed: bad input must give exactly one, and no traceback."""
     lines = [line for line in stderr.splitlines() if line.strip()]

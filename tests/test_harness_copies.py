@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from conftest import LIGHTNING, NATIVE, OSS, ROOT, load_script
 
 SYNC = ROOT / "tools" / "sync_harness.py"
@@ -23,3 +25,13 @@ def test_every_script_carries_the_identical_harness():
 def test_the_sync_tool_agrees():
     proc = subprocess.run([sys.executable, str(SYNC), "--check"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_block_is_what_lies_between_the_markers():
+    tool = load_script(SYNC, "sync_harness_under_test")
+    text = f"head\n{tool.BEGIN}shared\n{tool.END}tail\n"
+    start, stop = tool.harness_block(text, "made-up")
+    assert text[start:stop] == f"{tool.BEGIN}shared\n{tool.END}"
+    for broken in (f"{tool.END}{tool.BEGIN}", f"{tool.BEGIN}x\n", f"{tool.BEGIN}{tool.BEGIN}{tool.END}"):
+        with pytest.raises(SystemExit):
+            tool.harness_block(broken, "made-up")

@@ -8,6 +8,8 @@ import statistics
 import pytest
 import torch
 
+from conftest import resolve_config
+
 
 def args_for(native, *argv):
     return native.parse_arguments(list(argv))
@@ -73,6 +75,8 @@ def test_launch_detection(native):
     # torchrun's variables win over Slurm's (srun torchrun: SLURM_PROCID is the node rank)
     both = native.detect_launch({**SRUN, **TORCHRUN})
     assert both["launcher"] == "torchrun" and both["slurm_job_id"] == "123456"
+    # An empty MASTER_ADDR is no address: the default, as when it is unset.
+    assert native.detect_launch({**TORCHRUN, "MASTER_ADDR": ""})["master_addr"] == "127.0.0.1"
     # The batch step of an sbatch script (no srun) is one process, not rank 0 of 8.
     batch = {k: v for k, v in SRUN.items() if not k.startswith("SLURM_STEP")}
     assert native.detect_launch(batch)["launcher"] == "single"
@@ -102,8 +106,7 @@ def test_slurm_helpers(native):
 
 
 def resolve(native, argv, env=None, cuda=True, count=8, bf16=True):
-    args = args_for(native, *argv)
-    return native.resolve_harness_config(args, native.detect_launch(env or {}), "ddp", cuda, count, bf16)
+    return resolve_config(native, argv, env, cuda, count, bf16)
 
 
 def test_more_ranks_on_a_node_than_gpus(native, tmp_path):
@@ -136,9 +139,8 @@ def test_output_rules(native, tmp_path):
         native.check_output_path(str(existing / "below-a-file.json"), overwrite=False)
     with pytest.raises(native.UsageError, match="is a directory"):
         native.check_output_path(str(tmp_path), overwrite=False)
-    args = native.parse_arguments(["--device", "cpu", "--output", ""])  # not the default name: refused
-    with pytest.raises(native.UsageError, match="--output is empty"):
-        native.resolve_harness_config(args, native.detect_launch({}), "ddp", False, 0, False)
+    with pytest.raises(native.UsageError, match="--output is empty"):  # not the default name: refused
+        resolve(native, ["--device", "cpu", "--output", ""], cuda=False, count=0, bf16=False)
 
 
 def test_atomic_write_leaves_no_partial_file(native, tmp_path):
@@ -161,7 +163,16 @@ def test_checksums_detect_a_changed_replica(native):
     params[1][0] += 1e-4
     synced, largest = native.compare_checksums([same, native.parameter_checksums(params)])
     assert not synced and largest > 0
-    # A diverged run is not a desync: NaN agrees with NaN, and a NaN against a number is an infinite difference.
+    # Each tensor against its own size: a small tensor's difference is not hidden by a large tensor's checksum.
+    big = torch.stack([same[0] * 1e12, *same[1:]])
+    changed = big.clone()
+    changed[1, 0] += 1e-3
+    assert native.compare_checksums([big, changed])[0] is False
+    # A diverged run is not a desync: NaN agrees with NaN, infinity with infinity, and a NaN against a number is
+    # an infinite difference.
+    infinite = same.clone()
+    infinite[0, 1] = float("inf")
+    assert native.compare_checksums([infinite, infinite.clone()]) == (True, 0.0)
     nan = same.clone()
     nan[0, 0] = float("nan")
     assert native.compare_checksums([nan, nan.clone()]) == (True, 0.0)

@@ -77,7 +77,7 @@ SRUN = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_S
     (["--devices", "2"], {"LOCAL_RANK": "2", "NODE_RANK": "0"}, "do not fit --num-nodes 1 --devices 2"),
     (["--precision", "fp16"], {}, "fp16 needs a GPU"),
     (["--devices", "3", "--global-batch-size", "8"], {}, "not divisible by the world size 3"),
-    (["--compile", "--compiled-ddp", "ddp_optimizer"], {}, "--compiled-ddp ddp_optimizer cannot apply here"),
+    (["--compile", "--compiled-ddp", "python_reducer"], {}, "python_reducer is not supported by the Lightning twin"),
 ])
 def test_bad_input(twin, argv, env, rule, tmp_path, monkeypatch, capsys):
     for name in list(SRUN) + ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",

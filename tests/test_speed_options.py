@@ -4,7 +4,7 @@ Their speed is proven by the device runs in results/; here they must reach the m
 refused in one line where they cannot work."""
 import pytest
 
-from conftest import NATIVE, SMALL, expect_usage_error, pretend_gpus, read_result, run_script
+from conftest import NATIVE, SMALL, expect_usage_error, pretend_gpus, read_result, resolve_config, run_script
 
 @pytest.mark.parametrize("argv,rule", [
     (["--cuda-graphs", "--device", "cpu"], "--cuda-graphs needs --device cuda"),
@@ -18,6 +18,8 @@ from conftest import NATIVE, SMALL, expect_usage_error, pretend_gpus, read_resul
     (["--loss-scale", "1024"], "--loss-scale 1024 needs --precision fp16"),
     (["--loss-scale", "1000", "--precision", "fp16"], "must be dynamic or a power of two"),
     (["--loss-scale", "0.5", "--precision", "fp16"], "must be dynamic or a power of two"),
+    (["--loss-scale", str(2**25), "--precision", "fp16"], "from 1 to 2**24"),
+    (["--bucket-cap-mb", "1e300"], "must be at most 1e6 MB"),
 ])
 def test_bad_combinations(native, argv, rule, tmp_path, monkeypatch, capsys):
     pretend_gpus(monkeypatch, count=2)
@@ -43,15 +45,12 @@ def test_fp16_uses_the_unfused_sgd(native, tmp_path):
 
 
 def test_a_fixed_fp16_loss_scale_replaces_the_grad_scaler_and_fits_a_graph(native, tmp_path):
-    args = native.parse_arguments(["--precision", "fp16", "--loss-scale", "1024", "--cuda-graphs",
-                                   "--warmup-steps", "2", "--output", str(tmp_path / "r.json")])
-    config = native.resolve_harness_config(args, native.detect_launch({}), "ddp", True, 1, True)
-    native.resolve_ddp_options(args, config, 1)
+    out = ["--output", str(tmp_path / "r.json")]
+    config = resolve_config(native, ["--precision", "fp16", "--loss-scale", "1024", "--cuda-graphs",
+                                     "--warmup-steps", "2", *out], count=1, ddp_world_size=1)
     assert (config["loss_scale"], config["grad_scaler"], config["cuda_graphs"]) == (1024.0, False, True)
     assert native.sgd_implementation(config) == "fused"  # no GradScaler, so the fused kernel is safe again
-    args = native.parse_arguments(["--precision", "fp16", "--output", str(tmp_path / "r.json")])
-    config = native.resolve_harness_config(args, native.detect_launch({}), "ddp", True, 1, True)
-    native.resolve_ddp_options(args, config, 1)
+    config = resolve_config(native, ["--precision", "fp16", *out], count=1, ddp_world_size=1)
     assert (config["loss_scale"], config["grad_scaler"]) == ("dynamic", True)
 
 
@@ -68,12 +67,30 @@ def test_ddp_options_reach_the_run_and_the_result(tmp_path):
 
 
 def test_ddp_defaults_use_bucket_views_and_broadcast_buffers(native, tmp_path):
-    config = native.resolve_harness_config(native.parse_arguments(["--output", str(tmp_path / "r.json")]),
-                                           native.detect_launch({}), "ddp", True, 1, True)
-    native.resolve_ddp_options(native.parse_arguments(["--output", str(tmp_path / "r.json")]), config, 1)
+    out = ["--output", str(tmp_path / "r.json")]
+    config = resolve_config(native, out, count=1, ddp_world_size=1)
     assert (config["gradient_as_bucket_view"], config["broadcast_buffers"], config["loss_scale"]) == (True, True, None)
-    key, = native.ddp_buffer_option(config)  # the keyword this torch's DDP takes
-    assert key in ("broadcast_buffers", "forward_sync_buffers")
+    (key, value), = native.ddp_buffer_option(config).items()  # the keyword this torch's DDP takes, and the choice
+    assert key in ("broadcast_buffers", "forward_sync_buffers") and value is True
+    config = resolve_config(native, ["--no-broadcast-buffers", *out], count=1, ddp_world_size=1)
+    assert native.ddp_buffer_option(config) == {key: False}
+
+
+def test_the_compiled_ddp_mode_that_runs_is_recorded(native, tmp_path):
+    # Without a choice PyTorch splits a compiled graph at DDP's buckets: recorded as ddp_optimizer, in the
+    # Lightning twin too (Dynamo sees DDP around the compiled ResNet); one rank has no DDP to treat.
+    import torch._dynamo
+    out = ["--output", str(tmp_path / "r.json")]
+    optimize_ddp = torch._dynamo.config.optimize_ddp
+    try:
+        assert resolve_config(native, ["--compile", *out], count=2, ddp_world_size=2)["compiled_ddp"] == "ddp_optimizer"
+        assert resolve_config(native, ["--compile", *out], count=2, ddp_world_size=1)["compiled_ddp"] is None
+        assert resolve_config(native, out, count=2, ddp_world_size=2)["compiled_ddp"] is None
+        config = resolve_config(native, ["--compile", "--compiled-ddp", "no_optimization", *out], count=2,
+                                ddp_world_size=2)
+        assert config["compiled_ddp"] == "no_optimization" and torch._dynamo.config.optimize_ddp == "no_optimization"
+    finally:
+        torch._dynamo.config.optimize_ddp = optimize_ddp
 
 
 def test_compile_runs_end_to_end(tmp_path):

@@ -1,7 +1,8 @@
 """Where a 2-GPU DDP step loses time against a 1-GPU step: the native script's own step, profiled per kernel.
 
-The probe takes ddp_resnet50.py's options and builds exactly what the script builds (its config, model, DDP
-wrapper, optimizer, batch and train_step), runs warm-up steps, then profiles a few steps with torch.profiler
+The probe takes ddp_resnet50.py's options and builds exactly what the script builds (its `resolve_config` and
+`build_step`: model, DDP wrapper, optimizer, batch, compile and CUDA graph when asked), runs the script's warm-up
+steps, then profiles 5 steps with torch.profiler
 (CUDA activity) and summarises each rank's GPU timeline: the compute stream's busy time and idle gaps, NCCL's
 kernels and how much of them no computation hides, and the kernels by name, per step. `--compare` prints what
 the 2-GPU summary has that the 1-GPU one has not.
@@ -21,11 +22,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 import ddp_resnet50 as bench  # noqa: E402
 
-WARMUP, ACTIVE = 15, 5
+ACTIVE = 5  # profiled steps; the first is left out of the summary
 
 
 def union(intervals):
@@ -63,20 +63,21 @@ def summarise(trace_events, steps, step_ms):
     kernels = [e for e in trace_events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if not kernels:
         return {"steps": steps, "step_ms_events": step_ms, "kernels": 0}
-    streams = {}
-    for e in kernels:
-        streams[e["args"].get("stream")] = streams.get(e["args"].get("stream"), 0) + e["dur"]
-    busiest = sorted((e for e in kernels if e["args"].get("stream") == max(streams, key=streams.get)),
-                     key=lambda e: e["ts"])
-    if steps > 1 and len(busiest) % steps == 0:
-        boundary = busiest[len(busiest) // steps]["ts"]
+    def by_stream(events):
+        streams = {}
+        for e in events:
+            streams.setdefault(e["args"].get("stream"), []).append(e)
+        return streams
+
+    per_stream = by_stream(kernels)
+    compute = max(per_stream, key=lambda s: length(union([(e["ts"], e["ts"] + e["dur"]) for e in per_stream[s]])))
+    ordered = sorted(per_stream[compute], key=lambda e: e["ts"])
+    if steps > 1 and len(ordered) % steps == 0:
+        boundary = ordered[len(ordered) // steps]["ts"]
         kernels = [e for e in kernels if e["ts"] >= boundary]
         steps, step_ms = steps - 1, step_ms[1:]
-    per_stream = {}
-    for e in kernels:
-        per_stream.setdefault(e["args"].get("stream"), []).append(e)
+        per_stream = by_stream(kernels)
     busy = {s: union([(e["ts"], e["ts"] + e["dur"]) for e in es]) for s, es in per_stream.items()}
-    compute = max(busy, key=lambda s: length(busy[s]))
     window = (min(e["ts"] for e in kernels), max(e["ts"] + e["dur"] for e in kernels))
     nccl = [e for e in kernels if "nccl" in e["name"].lower()]
     nccl_busy = union([(e["ts"], e["ts"] + e["dur"]) for e in nccl])
@@ -118,30 +119,17 @@ def summarise(trace_events, steps, step_ms):
 def profile_run(argv, out, name):
     args = bench.parse_arguments([*argv, "--output", str(out / f"{name}-unused.json"), "--overwrite"])
     launch = bench.detect_launch(os.environ)
-    cuda = args.device == "cuda" and torch.cuda.is_available()
-    count = torch.cuda.device_count() if cuda else 0
-    config = bench.resolve_harness_config(args, launch, bench.STRATEGY, cuda, count,
-                                          cuda and torch.cuda.is_bf16_supported())
-    bench.resolve_ddp_options(args, config, launch["world_size"])
-    config.update(model="resnet50", optimizer="sgd", optimizer_impl=bench.sgd_implementation(config))
+    config, count = bench.resolve_config(args, launch)
     rank, world_size = launch["rank"], launch["world_size"]
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise bench.UsageError(f"--out {out} cannot be made ({error.strerror})") from None
     device = bench.setup_device(config, launch, count)
     bench.init_distributed(config, launch, device)
-    torch.manual_seed(config["seed"])
-    model = bench.build_model().to(device)
-    if config["memory_format"] == "channels_last":
-        model = model.to(memory_format=torch.channels_last)
-    if world_size > 1:
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                        bucket_cap_mb=config["bucket_cap_mb"], static_graph=config["static_graph"],
-                                        **bench.ddp_buffer_option(config),
-                                        gradient_as_bucket_view=config["gradient_as_bucket_view"])
-    optimizer = bench.make_optimizer(model.parameters(), config)
-    scaler = torch.amp.GradScaler(device.type) if config["grad_scaler"] else None
-    images, labels = bench.make_synthetic_batch(config, rank, device)
-    for _ in range(WARMUP):
-        bench.train_step(model, optimizer, scaler, images, labels, config)
+    step, _ = bench.build_step(config, device, rank, world_size)
+    for _ in range(config["warmup_steps"]):
+        step()
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -153,7 +141,7 @@ def profile_run(argv, out, name):
         for index in range(ACTIVE):
             if events:
                 events[index].record()
-            bench.train_step(model, optimizer, scaler, images, labels, config)
+            step()
         if events:
             events[-1].record()
             torch.cuda.synchronize(device)
@@ -161,7 +149,7 @@ def profile_run(argv, out, name):
     trace = out / f"{name}-rank{rank}.trace.json"
     prof.export_chrome_trace(str(trace))
     summary = summarise(json.loads(trace.read_text())["traceEvents"], ACTIVE, step_ms)
-    summary.update(name=name, rank=rank, world_size=world_size, argv=argv, torch=torch.__version__,
+    summary.update(profiled_step_ms=step_ms, name=name, rank=rank, world_size=world_size, argv=argv, torch=torch.__version__,
                    environment={k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_NCCL_"))})
     (out / f"{name}-rank{rank}.json").write_text(json.dumps(summary, indent=1))
     if rank != 0:
@@ -196,22 +184,27 @@ def from_trace(trace_path, steps, summary_path):
     with opener(trace_path, "rt") as handle:
         events = json.load(handle)["traceEvents"]
     summary = json.loads(pathlib.Path(summary_path).read_text())
-    summary.update(summarise(events, steps, summary["step_ms_events"][-steps:]))
+    summary.update(summarise(events, steps, summary["profiled_step_ms"]))
     pathlib.Path(summary_path).write_text(json.dumps(summary, indent=1))
 
 
-def main():
-    if sys.argv[1:2] == ["--compare"]:
-        return compare(sys.argv[2], sys.argv[3])
-    if sys.argv[1:2] == ["--from-trace"]:  # --from-trace TRACE SUMMARY: redo SUMMARY's figures from TRACE
-        return from_trace(sys.argv[2], ACTIVE, sys.argv[3])
-    argv, probe = sys.argv[1:], {}
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for mode, run in (("--compare", compare), ("--from-trace", lambda trace, summary: from_trace(trace, ACTIVE, summary))):
+        if argv[:1] == [mode]:
+            if len(argv) != 3:
+                raise bench.UsageError(f"{mode} takes two files")
+            return run(*argv[1:])
+    probe = {}
     for flag in ("--out", "--name"):
+        if flag not in argv or argv.index(flag) + 1 >= len(argv):
+            raise bench.UsageError(f"the probe needs {flag} (see the docstring)")
         index = argv.index(flag)
         probe[flag] = argv[index + 1]
         del argv[index:index + 2]
     profile_run(argv, pathlib.Path(probe["--out"]), probe["--name"])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    bench.run_guarded(main)
