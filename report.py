@@ -213,13 +213,12 @@ def device_name_of(config, hardware):
 
 
 def effective_options(config, benchmark, world_size):
-    """The recorded options, with the compiled-DDP mode a run used when it recorded none: a compiled native
-    run over several ranks split its graph at DDP's buckets (PyTorch's default, ddp_optimizer); the Lightning
-    twin compiles the ResNet inside DDP, so its all-reduce follows the compiled backward (no_optimization)."""
-    if config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config:
-        default = {NATIVE: "ddp_optimizer", LIGHTNING: "no_optimization"}.get(benchmark)
-        if default:
-            return {**config, "compiled_ddp": default}
+    """The recorded options, with the compiled-DDP mode a run used when it recorded none: a compiled run over
+    several ranks split its graph at DDP's buckets (PyTorch's default, ddp_optimizer), in the native script and
+    in the Lightning twin alike (Dynamo sees DDP around the compiled ResNet while it traces)."""
+    if (config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config
+            and benchmark in (NATIVE, LIGHTNING)):
+        return {**config, "compiled_ddp": "ddp_optimizer"}
     return config
 
 

@@ -428,11 +428,12 @@ def test_readme_section_without_results_says_so(tmp_path):
 
 
 def test_compiled_ddp_mode_is_read_from_what_each_script_does(report):
-    """Results that recorded no compiled-DDP mode are paired by what their script did: native splits the graph
-    at DDP's buckets (PyTorch's default), the Lightning twin wraps the compiled module in DDP."""
+    """Results that recorded no compiled-DDP mode are paired by what their script did: both split the graph
+    at DDP's buckets (PyTorch's default)."""
     config = {"compile": True, "compiled_ddp": None}
     assert report.effective_options(config, report.NATIVE, 2)["compiled_ddp"] == "ddp_optimizer"
-    assert report.effective_options(config, report.LIGHTNING, 2)["compiled_ddp"] == "no_optimization"
+    assert report.effective_options(config, report.LIGHTNING, 2)["compiled_ddp"] == "ddp_optimizer"
+    assert report.effective_options(config, report.OSS, 2) is config
     assert report.effective_options(config, report.NATIVE, 1) is config  # one rank: no DDP at all
     eager = {"compile": False, "compiled_ddp": None}
     assert report.effective_options(eager, report.LIGHTNING, 2) is eager

@@ -9,36 +9,47 @@
 # the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7), and more below;
 # the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
 # final4; next5 and autotune5 are prepared for the next device session and have not been run.
-# Each run writes DIR/results/<name>.json and DIR/logs/<name>.log; a summary table is printed last.
+# Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
+# command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
+# otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
 # Keep NVLink multicast off (the machine's rule): exported here, inherited by every child process.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT_DIR=${OUT_DIR:-/tmp/gpu-evidence}
 sections=()
+usage() { echo "gpu_evidence.sh: error: $1 (usage: tools/gpu_evidence.sh SECTION... [--out DIR])" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --out) OUT_DIR=$2; shift 2 ;;
+    --out) [ $# -ge 2 ] || usage "--out needs a directory"; OUT_DIR=$2; shift 2 ;;
     *) sections+=("$1"); shift ;;
   esac
 done
+[ ${#sections[@]} -gt 0 ] || usage "name at least one section"
 RES=$OUT_DIR/results LOGS=$OUT_DIR/logs
-mkdir -p "$RES" "$LOGS"
+mkdir -p "$RES" "$LOGS" || usage "$OUT_DIR cannot be made"
+rm -f "$OUT_DIR/failed.txt"
 PY=${PYTHON:-python3}
 TWO=("$PY" -m torch.distributed.run --standalone --nproc-per-node 2)
 STEPS=(--warmup-steps 10 --steps 100)
 
-bench() {  # bench NAME GPUS LIMIT_S COMMAND... : one run, its log, its exit code in the log
+run() {  # run NAME GPUS LIMIT_S COMMAND... : one command, its line in commands.txt, its log with exit code and time
   local name=$1 gpus=$2 limit=$3
   shift 3
-  local var given=""
+  local var given="" started=$SECONDS code
   for var in NCCL_MAX_NCHANNELS OMP_NUM_THREADS NCCL_DEBUG NCCL_DEBUG_SUBSYS TORCH_NCCL_HIGH_PRIORITY; do  # set for this run only
     [ -n "${!var:-}" ] && given+="$var=${!var} "
   done
   echo "[$(date -u +%H:%M:%S)] $name (GPU $gpus): $given$*" | tee -a "$OUT_DIR/commands.txt"
-  CUDA_VISIBLE_DEVICES=$gpus timeout --kill-after 15 "$limit" "$@" --output "$RES/$name.json" \
-    >"$LOGS/$name.log" 2>&1
-  echo "exit $? after $SECONDS s" >>"$LOGS/$name.log"
+  CUDA_VISIBLE_DEVICES=$gpus timeout --kill-after 15 "$limit" "$@" >"$LOGS/$name.log" 2>&1
+  code=$?
+  echo "exit $code after $((SECONDS - started)) s" >>"$LOGS/$name.log"
+  [ "$code" -eq "${EXPECT_EXIT:-0}" ] || echo "$name: exit $code" >>"$OUT_DIR/failed.txt"
+}
+
+bench() {  # bench NAME GPUS LIMIT_S COMMAND... : a benchmark run writing RES/NAME.json
+  local name=$1
+  run "$@" --output "$RES/$name.json"
 }
 
 pair() {  # pair "NAME LIMIT ARGS..." "NAME LIMIT ARGS...": two one-GPU runs side by side
@@ -260,9 +271,9 @@ section_scale4() {  # session 3, issues 2 and 3: twins at 256 and 32, what is le
   TORCH_NCCL_HIGH_PRIORITY=1 bench s4-native-2gpu-bf16-256-hiprio 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
   mv "$RES/s4-native-2gpu-bf16-256-hiprio.json" "$d/" 2>/dev/null
   # kernel-level profiles of the same step on 1 and 2 GPUs; host profiles of the twins at 32 per GPU
-  CUDA_VISIBLE_DEVICES=0 timeout 120 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 $probe \
-    --out "$d" --name profile-1gpu >"$LOGS/profile-1gpu.log" 2>&1
-  CUDA_VISIBLE_DEVICES=0,1 timeout 120 "${TWO[@]}" $probe --out "$d" --name profile-2gpu >"$LOGS/profile-2gpu.log" 2>&1
+  run profile-1gpu 0 120 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 $probe --out "$d" \
+    --name profile-1gpu
+  run profile-2gpu 0,1 120 "${TWO[@]}" $probe --out "$d" --name profile-2gpu
   bench s4-cprofile-native-1gpu-bf16-32 0 120 "$PY" -m cProfile -o "$d/native-1gpu-bf16-32.prof" ddp_resnet50.py \
     --batch-size-per-device 32 "${STEPS[@]}"
   bench s4-cprofile-lightning-1gpu-bf16-32 0 150 "$PY" -m cProfile -o "$d/lightning-1gpu-bf16-32.prof" \
@@ -324,8 +335,8 @@ section_next5() {  # prepared for the next device session, not yet run: what the
   for run in a b; do
     bench "n5-native-2gpu-bf16-256-compile-noopt-$run" 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
       --compiled-ddp no_optimization "${STEPS[@]}"
-    bench "n5-lightning-2gpu-bf16-256-compile-$run" 0,1 300 "$PY" lightning/ddp_resnet50.py --devices 2 --compile \
-      "${STEPS[@]}"
+    bench "n5-lightning-2gpu-bf16-256-compile-noopt-$run" 0,1 300 "$PY" lightning/ddp_resnet50.py --devices 2 \
+      --compile --compiled-ddp no_optimization "${STEPS[@]}"
   done
   # issue 7: the reducer traced into the compiled backward (compiled autograd)
   bench n5-native-2gpu-bf16-256-compile-pyreducer 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
@@ -340,9 +351,14 @@ section_autotune5() {  # prepared, not yet run: Inductor's autotuning (minutes o
 
 section_oom() {
   # A batch that cannot fit in 141 GB: every rank must end, rank 0 writing status "oom".
-  bench native-2gpu-oom 0,1 120 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 4096 --warmup-steps 1 --steps 1
+  # torchrun exits 1 when a worker fails; the workers' own exit code (4, out of memory) is in the log.
+  EXPECT_EXIT=1 bench native-2gpu-oom 0,1 120 "${TWO[@]}" ddp_resnet50.py --batch-size-per-device 4096 \
+    --warmup-steps 1 --steps 1
 }
 
+for section in "${sections[@]}"; do
+  declare -F "section_$section" >/dev/null || usage "no section $section"
+done
 nvidia-smi -L; nvidia-smi topo -m
 "$PY" -c "import torch, torchvision; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', \
 torch.cuda.nccl.version(), 'torchvision', torchvision.__version__)"
@@ -364,3 +380,8 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
                 f"MAD {mad:4.1f}%  peak {m.get('peak_allocated_mib') or 0:8.0f} MiB")
 print("\n".join(rows))
 EOF
+if [ -s "$OUT_DIR/failed.txt" ]; then
+  echo "runs that did not end as expected:" >&2
+  cat "$OUT_DIR/failed.txt" >&2
+  exit 1
+fi
