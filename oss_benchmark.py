@@ -869,7 +869,14 @@ def measure(step, config, device, rank, world_size, monitor, stop):
         started = time.perf_counter()
         timer.mark()
         run_steps(config["steps"], timed=True)
-    if device.type == "cuda":
+    return close_record(record, timer, losses, started, device, stop, world_size)
+
+
+def close_record(record, timer, losses, started, device, stop, world_size):
+    """After the last step (measure()'s loop or the Lightning twin's): wait for the device, then fill the
+    record's wall time, agreed signal, step times, host lead, losses and peak memory."""
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.synchronize(device)
     record["timed_wall_s"] = time.perf_counter() - started if started is not None else 0.0
     last_round = stop.settle(world_size)  # always: no round outlives the loop
@@ -877,7 +884,6 @@ def measure(step, config, device, rank, world_size, monitor, stop):
     record["step_times_ms"] = timer.step_times_ms()
     record["host_lead_ms"] = timer.host_lead_ms()
     record["losses"] = [float(v) for v in torch.stack(losses).float().cpu()] if losses else []
-    cuda = device.type == "cuda"
     record["peak_allocated_mib"] = mib(torch.cuda.max_memory_allocated(device)) if cuda else None
     record["peak_reserved_mib"] = mib(torch.cuda.max_memory_reserved(device)) if cuda else None
     return record

@@ -828,7 +828,14 @@ def measure(step, config, device, rank, world_size, monitor, stop):
         started = time.perf_counter()
         timer.mark()
         run_steps(config["steps"], timed=True)
-    if device.type == "cuda":
+    return close_record(record, timer, losses, started, device, stop, world_size)
+
+
+def close_record(record, timer, losses, started, device, stop, world_size):
+    """After the last step (measure()'s loop or the Lightning twin's): wait for the device, then fill the
+    record's wall time, agreed signal, step times, host lead, losses and peak memory."""
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.synchronize(device)
     record["timed_wall_s"] = time.perf_counter() - started if started is not None else 0.0
     last_round = stop.settle(world_size)  # always: no round outlives the loop
@@ -836,7 +843,6 @@ def measure(step, config, device, rank, world_size, monitor, stop):
     record["step_times_ms"] = timer.step_times_ms()
     record["host_lead_ms"] = timer.host_lead_ms()
     record["losses"] = [float(v) for v in torch.stack(losses).float().cpu()] if losses else []
-    cuda = device.type == "cuda"
     record["peak_allocated_mib"] = mib(torch.cuda.max_memory_allocated(device)) if cuda else None
     record["peak_reserved_mib"] = mib(torch.cuda.max_memory_reserved(device)) if cuda else None
     return record
@@ -1141,18 +1147,8 @@ class ResNet50Benchmark(L.LightningModule):
             self.trainer.should_stop = True
 
     def on_train_end(self):
-        cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(self.device)
-        record = self.record
-        record["timed_wall_s"] = time.perf_counter() - self.started if self.started is not None else 0.0
-        last_round = self.stop.settle(self.trainer.world_size)  # always: no round outlives the loop
-        record["signal"] = record["signal"] or last_round  # a signal during the last step
-        record["step_times_ms"] = self.timer.step_times_ms()
-        record["host_lead_ms"] = self.timer.host_lead_ms()
-        record["losses"] = [float(v) for v in torch.stack(self.losses).float().cpu()] if self.losses else []
-        record["peak_allocated_mib"] = mib(torch.cuda.max_memory_allocated(self.device)) if cuda else None
-        record["peak_reserved_mib"] = mib(torch.cuda.max_memory_reserved(self.device)) if cuda else None
+        record = close_record(self.record, self.timer, self.losses, self.started, self.device, self.stop,
+                              self.trainer.world_size)
         inject_fault(self.config, self.global_rank, 0, "desync", self.model)
         record.update(hardware=self.hardware, checksums=parameter_checksums(self.model.parameters()))
         self.exit_code = finish_run(self.result, record, self.monitor, build_model, self.wall_start)
