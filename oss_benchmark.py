@@ -1067,7 +1067,8 @@ def build_parser():
                              "on a single node)")
     parser.add_argument("--fsdp-units", choices=["block", "stage", "model"], default="model",
                         help="what fsdp_zero2/3 shard as one unit (one all-gather and one reduce-scatter each): "
-                             "every block (ResNet bottleneck), every stage (layer1..4), or the whole model")
+                             "every block (ResNet bottleneck), every stage (layer1..4), or the whole model; block "
+                             "and stage follow ResNet's layout and give coarser units for other models")
     parser.add_argument("--fsdp-param-dtype", choices=["fp32", "compute"], default="fp32",
                         help="fsdp_zero2/3: all-gather fp32 parameters (autocast casts them, as under DDP) or "
                              "parameters already in the autocast dtype (MixedPrecisionPolicy: half the bytes)")
@@ -1154,9 +1155,13 @@ def resolve_strategies(args, explicit):
         raise UsageError("--compile is not supported by oss_benchmark.py: the strategies' own hooks (fairscale, "
                          "the ZeRO comm hook, the phase instrumentation) are measured eagerly; ddp_resnet50.py "
                          "--compile measures compiled DDP")
-    if args.fsdp_param_dtype == "compute" and args.device == "cpu":
-        raise UsageError("--fsdp-param-dtype compute needs --device cuda: CPU autocast runs BatchNorm in fp32 and "
-                         "refuses the bf16 weights FSDP would gather")
+    if args.fsdp_param_dtype == "compute" and any(name.startswith("fsdp") for name in strategies):
+        if args.device == "cpu":
+            raise UsageError("--fsdp-param-dtype compute needs --device cuda: CPU autocast runs BatchNorm in fp32 "
+                             "and refuses the bf16 weights FSDP would gather")
+        if args.precision == "fp32":
+            raise UsageError("--fsdp-param-dtype compute needs --precision bf16, fp16 or auto: with fp32 the "
+                             "compute dtype is fp32, the same gathers as --fsdp-param-dtype fp32")
     if args.optimizer in ("adam", "adamw") and "momentum" in explicit:
         raise UsageError(f"--momentum does not apply to --optimizer {args.optimizer} (its betas are PyTorch's "
                          f"defaults); drop it")

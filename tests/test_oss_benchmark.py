@@ -219,6 +219,10 @@ def test_missing_fairscale_names_the_extra(tmp_path):
     (["--table", "/nonexistent/result.json"], "cannot read /nonexistent/result.json"),
     (["--phase-steps", "-1"], "must be zero or a positive integer"),
     (["--device", "cpu", "--fsdp-param-dtype", "compute"], "--fsdp-param-dtype compute needs --device cuda"),
+    (["--device", "cuda", "--strategy", "fsdp_zero2", "--precision", "fp32", "--fsdp-param-dtype", "compute"],
+     "--fsdp-param-dtype compute needs --precision bf16, fp16 or auto"),
+    # without an FSDP strategy the option has nothing to refuse: the next rule speaks
+    (["--device", "cpu", "--strategy", "ddp", "--fsdp-param-dtype", "compute"], "sharding needs at least 2 ranks"),
     (["--fsdp-units", "layer"], "invalid choice"),
     (["--strategy", "all,ddp"], "all cannot be combined with other strategies"),
     (["--optimizer", "adam", "--momentum", "0.5"], "--momentum does not apply to --optimizer adam"),
