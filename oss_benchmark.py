@@ -1391,18 +1391,27 @@ def train_step(setup, images, labels, config, marker=None):
 class PhaseMarker:
     """Phase boundaries of the instrumented pass: CUDA events on the GPU (read after one synchronize, so no
     host sync between phases), the host clock on the CPU, where every operation and every collective the
-    strategy waits for has finished when the call returns."""
+    strategy waits for has finished when the call returns.
 
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
+    With synchronize=True (the host-cost pass) the device is synchronised at every boundary and the host clock
+    read before and after: a phase's host time is then the time the host took to queue it from an idle GPU
+    (its Python, dispatch and launches, plus any wait the strategy itself makes), which set beside the GPU's
+    time says how close the step is to being bound by the host."""
+
+    def __init__(self, device, synchronize=False):
+        self.device, self.cuda, self.synchronize = device, device.type == "cuda", synchronize
         self.steps = []
 
     def now(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+        """(CUDA event or None, host clock when the phase ended, host clock when the next one may start)."""
+        event = None
+        if self.cuda and not self.synchronize:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        ended = time.perf_counter()
+        if self.synchronize and self.cuda:
+            torch.cuda.synchronize(self.device)
+        return event, ended, time.perf_counter() if self.synchronize else ended
 
     def start_step(self):
         self.steps.append([("start", self.now())])
@@ -1411,13 +1420,13 @@ class PhaseMarker:
         self.steps[-1].append((phase, self.now()))
 
     def phase_times_ms(self):
-        """{phase: [ms per step]}; a phase closed twice in a step (the optimizer step around OSS's broadcast)
-        adds up."""
+        """{phase: [ms per step]}: CUDA event times on the GPU (host clock in the synchronised pass and on the
+        CPU); a phase closed twice in a step (the optimizer step around OSS's broadcast) adds up."""
         per_phase = {}
         for marks in self.steps:
             totals = {}
-            for (_, before), (phase, after) in zip(marks, marks[1:]):
-                elapsed = before.elapsed_time(after) if self.cuda else (after - before) * 1e3
+            for (_, (event0, _, start)), (phase, (event1, ended, _)) in zip(marks, marks[1:]):
+                elapsed = event0.elapsed_time(event1) if event1 is not None else (ended - start) * 1e3
                 totals[phase] = totals.get(phase, 0.0) + elapsed
             for phase, value in totals.items():
                 per_phase.setdefault(phase, []).append(value)
@@ -1446,21 +1455,27 @@ def timed_parameter_sync(setup, marker):
 
 
 def instrumented_pass(setup, images, labels, config, device):
-    """Median time per phase over config['phase_steps'] extra steps (after the timed ones)."""
+    """Median time per phase over config['phase_steps'] extra steps (after the timed ones), then the host's
+    cost of each phase over as many steps with the device synchronised at every phase boundary."""
     if not config["phase_steps"]:
         return None
-    marker = PhaseMarker(device)
-    with timed_parameter_sync(setup, marker):
-        for _ in range(config["phase_steps"]):
-            marker.start_step()
-            train_step(setup, images, labels, config, marker)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    times = marker.phase_times_ms()
-    step_totals = [sum(times[phase][i] for phase in times) for i in range(config["phase_steps"])]
-    return {"phases_ms": {phase: {"median": median(values), "mad": summarize(values)["mad"]}
-                          for phase, values in times.items()},
-            "step_ms_median": median(step_totals)}
+    phases = {}
+    for synchronize, prefix in ((False, ""), (True, "host_")):
+        marker = PhaseMarker(device, synchronize)
+        with timed_parameter_sync(setup, marker):
+            for _ in range(config["phase_steps"]):
+                if synchronize and device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                marker.start_step()
+                train_step(setup, images, labels, config, marker)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times = marker.phase_times_ms()
+        step_totals = [sum(times[phase][i] for phase in times) for i in range(config["phase_steps"])]
+        phases[f"{prefix}phases_ms"] = {phase: {"median": median(values), "mad": summarize(values)["mad"]}
+                                        for phase, values in times.items()}
+        phases[f"{prefix}step_ms_median"] = median(step_totals)
+    return phases
 
 
 ELEMENT_BYTES = {"float": 4, "double": 8, "c10::half": 2, "c10::bfloat16": 2, "long int": 8, "int64_t": 8,
@@ -1654,6 +1669,10 @@ def combine_analysis(strategy, config, everyone, model_numbers, world_size):
         "phase_sum_ms_median": phases["step_ms_median"] if phases else None,
         "phases_ms_per_rank": [{k: v["median"] for k, v in e["phases"]["phases_ms"].items()} if e["phases"] else None
                                for e in everyone],
+        "host_phases_ms": phases["host_phases_ms"] if phases else None,
+        "host_phase_sum_ms_median": phases["host_step_ms_median"] if phases else None,
+        "host_phase_sum_ms_median_per_rank": [e["phases"]["host_step_ms_median"] if e["phases"] else None
+                                              for e in everyone],
         "collectives": collectives,
         "memory": {
             "optimizer_state_tensors_per_parameter": per_parameter,
@@ -1699,9 +1718,10 @@ def analysis_row(result, baseline):
     base_peak = (baseline["memory"] or {}).get("peak_allocated_mib") if baseline else None
     relative = throughput["rank0_median_images_per_second"] / baseline["throughput"]["rank0_median_images_per_second"] \
         if throughput and baseline and baseline["throughput"] else None
+    host = analysis.get("host_phase_sum_ms_median")
     return (f"| {result['strategy']} | {'-' if relative is None else f'{relative:.1%}'} | "
             f"{number(phase['forward'], 2)} | {number(phase['backward'], 2)} | {number(phase['optimizer_step'], 2)} | "
-            f"{number(sync, 2)} | {counts or '-'} | {number(measured_mib, 1)} ({number(analytic_mib, 1)}) | "
+            f"{number(sync, 2)} | {number(host, 2)} | {counts or '-'} | {number(measured_mib, 1)} ({number(analytic_mib, 1)}) | "
             f"{number(state, 1)} | {number(expected, 1)} | "
             f"{number(base_peak - peak if peak is not None and base_peak is not None else None, 0)} |")
 
@@ -1727,9 +1747,9 @@ def print_strategy_table(results):
         analysed = [result for result in members if result.get("analysis") is not None]
         if analysed:  # results of ddp_resnet50.py, or of a run stopped by a signal, have no analysis
             print("\n| strategy | vs ddp | forward ms | backward ms | optimizer step ms | parameter sync ms | "
-                  "collectives per step | MiB per step measured (analytic) | optimizer state MiB/rank | "
-                  "expected state saving MiB | peak saving vs ddp MiB |")
-            print("|---|---|---|---|---|---|---|---|---|---|---|")
+                  "host ms per step | collectives per step | MiB per step measured (analytic) | "
+                  "optimizer state MiB/rank | expected state saving MiB | peak saving vs ddp MiB |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|")
             for result in analysed:
                 print(analysis_row(result, baseline))
     sys.stdout.flush()

@@ -119,6 +119,25 @@ def test_phase_breakdown_names_each_strategys_phases(all_run):
         assert ("parameter_sync" in phases) == synced_after_step, strategy
         assert ("parameter_sync_before_forward" in phases) == strategy.startswith("fsdp"), strategy
         assert analysis["phase_sum_ms_median"] == pytest.approx(sum(v["median"] for v in phases.values()), rel=0.5)
+        # the host-cost pass (synchronised at every boundary) names the same phases
+        host = analysis["host_phases_ms"]
+        assert set(host) == set(phases) and all(v["median"] > 0 for v in host.values()), strategy
+        assert analysis["host_phase_sum_ms_median"] > 0 and len(analysis["host_phase_sum_ms_median_per_rank"]) == 2
+
+
+def test_phase_marker_reads_the_host_clock_beside_events_and_in_the_synchronised_pass(script, monkeypatch):
+    clock = iter(range(0, 1000, 1))
+    monkeypatch.setattr(script.time, "perf_counter", lambda: next(clock) / 1000)  # +1 ms per read
+    marker = script.PhaseMarker(torch.device("cpu"), synchronize=True)
+    marker.start_step()
+    marker.close("forward")
+    marker.close("backward")
+    # each boundary reads the clock twice (phase ended, next may start): every phase spans one read = 1 ms
+    assert marker.phase_times_ms() == {"forward": [1.0], "backward": [1.0]}
+    plain = script.PhaseMarker(torch.device("cpu"))
+    plain.start_step()
+    plain.close("forward")
+    assert plain.phase_times_ms() == {"forward": [1.0]}
 
 
 def test_optimizer_state_is_sharded_as_expected(all_run):

@@ -8,7 +8,7 @@
 # Sections: native (issue 2), lightning (issue 3), graphs and compile (issue 7), sharding (issue 4), oom (issue 9);
 # the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7), and more below;
 # the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
-# final4; next5 and autotune5 are prepared for the next device session and have not been run.
+# final4; the fourth session's next5, twins6 and autotune5.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -325,12 +325,13 @@ section_final4() {  # session 3, last call: launch-bound twins (issue 3), compil
     --compiled-ddp no_optimization --no-broadcast-buffers "${graphs[@]}"
 }
 
-section_next5() {  # prepared for the next device session, not yet run: what the third session left open
-  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100) run
+section_next5() {  # session 4, call 1: eager CUDA graphs on 2 GPUs (2), compiled twins (3, 7), sharding host cost (4)
+  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100) shard=(--warmup-steps 10 --steps 50) run
   # issue 2: CUDA graphs remove the launch gaps of DDP's extra kernels (docs/diagnostics/ddp-scaling/)
   pair "n5-native-1gpu-bf16-256-graphs-gpu0 120 ddp_resnet50.py ${graphs[*]}" \
        "n5-native-1gpu-bf16-256-graphs-gpu1 120 ddp_resnet50.py ${graphs[*]}"
   bench n5-native-2gpu-bf16-256-graphs 0,1 150 "${TWO[@]}" ddp_resnet50.py "${graphs[@]}"
+  bench n5-native-2gpu-bf16-256-graphs-nobb 0,1 150 "${TWO[@]}" ddp_resnet50.py --no-broadcast-buffers "${graphs[@]}"
   # issues 3 and 7: the compiled twins twice, alternating (the first compile fills the cache for the others)
   for run in a b; do
     bench "n5-native-2gpu-bf16-256-compile-noopt-$run" 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
@@ -338,15 +339,47 @@ section_next5() {  # prepared for the next device session, not yet run: what the
     bench "n5-lightning-2gpu-bf16-256-compile-noopt-$run" 0,1 300 "$PY" lightning/ddp_resnet50.py --devices 2 \
       --compile --compiled-ddp no_optimization "${STEPS[@]}"
   done
-  # issue 7: the reducer traced into the compiled backward (compiled autograd)
-  bench n5-native-2gpu-bf16-256-compile-pyreducer 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
-    --compiled-ddp python_reducer "${STEPS[@]}"
+  # issue 4: the suite again, now with each strategy's host cost per phase (analysis.host_phases_ms)
+  bench n5-sharding-2gpu-bf16-256-sgd 0,1 200 "${TWO[@]}" oss_benchmark.py --strategy all "${shard[@]}"
 }
 
-section_autotune5() {  # prepared, not yet run: Inductor's autotuning (minutes of compilation), one GPU each
+cores_near() {  # cores_near GPU: four cores of the GPU's own NUMA node (from sysfs), or nothing when unknown
+  local bus list first
+  bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i "$1" 2>/dev/null | tr 'A-F' 'a-f')
+  list=$(cat "/sys/bus/pci/devices/${bus#0000}/local_cpulist" 2>/dev/null ||
+         cat "/sys/bus/pci/devices/${bus:4}/local_cpulist" 2>/dev/null)
+  first=${list%%[-,]*}
+  [[ "$first" =~ ^[0-9]+$ ]] && echo "$((first + 4 * ($1 + 1)))-$((first + 4 * ($1 + 1) + 3))"
+}
+
+section_twins6() {  # session 4, call 2: the launch-bound twins on one GPU (issue 3), many short alternations
+  # 32 per GPU is bound by the host, whose speed drifts: three rounds, each GPU running native then Lightning
+  # (GPU 0) or Lightning then native (GPU 1) at the same time, each process on four cores of its GPU's node
+  local steps=(--batch-size-per-device 32 --warmup-steps 10 --steps 200) round pin0=() pin1=() c
+  c=$(cores_near 0) && [ -n "$c" ] && pin0=(taskset -c "$c")
+  c=$(cores_near 1) && [ -n "$c" ] && pin1=(taskset -c "$c")
+  echo "# twins6 pinning: GPU 0 ${pin0[*]:-none}, GPU 1 ${pin1[*]:-none}" >>"$OUT_DIR/commands.txt"
+  for round in 1 2 3; do
+    { bench "t6-native-1gpu-bf16-32-gpu0-r$round" 0 120 "${pin0[@]}" "$PY" ddp_resnet50.py "${steps[@]}"
+      bench "t6-lightning-1gpu-bf16-32-gpu0-r$round" 0 150 "${pin0[@]}" "$PY" lightning/ddp_resnet50.py "${steps[@]}"
+    } &
+    { bench "t6-lightning-1gpu-bf16-32-gpu1-r$round" 1 150 "${pin1[@]}" "$PY" lightning/ddp_resnet50.py "${steps[@]}"
+      bench "t6-native-1gpu-bf16-32-gpu1-r$round" 1 120 "${pin1[@]}" "$PY" ddp_resnet50.py "${steps[@]}"
+    } &
+    wait
+  done
+}
+
+section_autotune5() {  # session 4, call 2: Inductor's autotuning on GPU 0 (issue 7) while GPU 1 runs the
+  # compiled references and the compiled twins on one GPU (issues 3 and 7)
   local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
-  pair "a5-native-1gpu-bf16-256-autotune-graphs 500 ddp_resnet50.py --compile-mode max-autotune-no-cudagraphs ${graphs[*]}" \
-       "a5-native-1gpu-bf16-256-compile-graphs 300 ddp_resnet50.py --compile ${graphs[*]}"
+  bench a5-native-1gpu-bf16-256-autotune-graphs 0 420 "$PY" ddp_resnet50.py \
+    --compile-mode max-autotune-no-cudagraphs "${graphs[@]}" &
+  { bench a5-native-1gpu-bf16-256-compile-graphs 1 300 "$PY" ddp_resnet50.py --compile "${graphs[@]}"
+    bench a5-native-1gpu-bf16-256-compile 1 300 "$PY" ddp_resnet50.py --compile "${STEPS[@]}"
+    bench a5-lightning-1gpu-bf16-256-compile 1 300 "$PY" lightning/ddp_resnet50.py --compile "${STEPS[@]}"
+  } &
+  wait
 }
 
 section_oom() {
