@@ -1066,7 +1066,7 @@ def main(argv=None):
     stop.install()
     device = setup_device(config, launch, device_count)
     result = base_result(config, launch, started_at)
-    store = monitor = None
+    store = monitor = step = None
     try:
         store, monitor = init_distributed(config, launch, device)
         hardware = collect_local_hardware(device, rank)
@@ -1084,6 +1084,8 @@ def main(argv=None):
     except BaseException as error:  # noqa: BLE001 - every failure must end in a result, not a traceback
         return fail(error, result, rank, world_size, store, device, wall_start)
     finally:
+        if isinstance(step, GraphedStep):
+            step.reset()  # a live graph holding NCCL kernels makes destroy_process_group hang (pytorch#115388)
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
@@ -1111,6 +1113,14 @@ class GraphedStep:
                 self.static_loss = self.step()
         self.graph.replay()
         return self.static_loss.clone()
+
+    def reset(self):
+        """Free the captured graph (after a synchronize): with an all-reduce captured, the process group can
+        only be destroyed once no graph holds its communicator (seen hanging on 2 H200s otherwise)."""
+        if self.graph is not None:
+            torch.cuda.synchronize()
+            self.graph.reset()
+        self.graph = self.static_loss = None
 
 
 if __name__ == "__main__":

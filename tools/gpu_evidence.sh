@@ -343,6 +343,16 @@ section_next5() {  # session 4, call 1: eager CUDA graphs on 2 GPUs (2), compile
   bench n5-sharding-2gpu-bf16-256-sgd 0,1 200 "${TWO[@]}" oss_benchmark.py --strategy all "${shard[@]}"
 }
 
+section_exit6() {  # session 4, last call: a 2-GPU --cuda-graphs run must now exit (next5's two hung after writing
+  # their results: pytorch#115388), and the compiled Lightning twin's second run (next5's ran out of time)
+  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
+  bench e6-native-2gpu-bf16-256-graphs 0,1 90 "${TWO[@]}" ddp_resnet50.py "${graphs[@]}"
+  bench e6-lightning-2gpu-bf16-256-compile-noopt-b 0,1 200 "$PY" lightning/ddp_resnet50.py --devices 2 \
+    --compile --compiled-ddp no_optimization "${STEPS[@]}"
+  bench e6-native-2gpu-bf16-256-compile-noopt-c 0,1 100 "${TWO[@]}" ddp_resnet50.py --compile \
+    --compiled-ddp no_optimization "${STEPS[@]}"
+}
+
 cores_near() {  # cores_near GPU: four cores of the GPU's own NUMA node (from sysfs), or nothing when unknown
   local bus list first
   bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i "$1" 2>/dev/null | tr 'A-F' 'a-f')
