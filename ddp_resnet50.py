@@ -1084,11 +1084,17 @@ def main(argv=None):
     except BaseException as error:  # noqa: BLE001 - every failure must end in a result, not a traceback
         return fail(error, result, rank, world_size, store, device, wall_start)
     finally:
-        if isinstance(step, GraphedStep):
-            step.reset()  # a live graph holding NCCL kernels makes destroy_process_group hang (pytorch#115388)
-        if dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
+        shut_down(step)
+
+
+def shut_down(step):
+    """Free a captured step's graph, then the process group: a live graph holding NCCL kernels makes
+    destroy_process_group hang (pytorch#115388; two 2-GPU --cuda-graphs runs did, after writing their results)."""
+    if isinstance(step, GraphedStep):
+        step.reset()
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
 
 class GraphedStep:
@@ -1115,8 +1121,7 @@ class GraphedStep:
         return self.static_loss.clone()
 
     def reset(self):
-        """Free the captured graph (after a synchronize): with an all-reduce captured, the process group can
-        only be destroyed once no graph holds its communicator (seen hanging on 2 H200s otherwise)."""
+        """Free the captured graph (after a synchronize), before the process group is destroyed."""
         if self.graph is not None:
             torch.cuda.synchronize()
             self.graph.reset()

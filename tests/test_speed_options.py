@@ -102,3 +102,30 @@ def test_compile_runs_end_to_end(tmp_path):
     result = read_result(output)
     assert result["config"]["compile"] is True and result["config"]["compile_mode"] == "default"
     assert result["status"] == "ok" and result["checks"]["loss_finite"]
+
+
+def test_a_captured_graph_is_freed_before_the_process_group_is_destroyed(native, monkeypatch):
+    """Two 2-GPU --cuda-graphs runs on the H200s wrote their results and then hung in destroy_process_group
+    (pytorch#115388): the graph holding the captured all-reduce must go first."""
+    order = []
+
+    class FakeGraph:
+        def replay(self):
+            order.append("replay")
+
+        def reset(self):
+            order.append("graph freed")
+
+    monkeypatch.setattr(native.torch.cuda, "Stream", lambda: None)
+    monkeypatch.setattr(native.torch.cuda, "synchronize", lambda *args: order.append("synchronize"))
+    monkeypatch.setattr(native.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(native.dist, "destroy_process_group", lambda *args: order.append("group destroyed"))
+    step = native.GraphedStep(lambda: None, eager_steps=0)
+    step.graph, step.static_loss = FakeGraph(), native.torch.zeros(())
+    step()
+    native.shut_down(step)
+    assert order == ["replay", "synchronize", "graph freed", "group destroyed"]
+    assert step.graph is None and step.static_loss is None
+    order.clear()
+    native.shut_down(None)  # no graph (every other run): only the group
+    assert order == ["group destroyed"]
