@@ -8,7 +8,7 @@
 # Sections: native (issue 2), lightning (issue 3), graphs and compile (issue 7), sharding (issue 4), oom (issue 9);
 # the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7), and more below;
 # the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
-# final4; the fourth session's next5, twins6, autotune5 and exit6.
+# final4; the fourth session's next5, twins6, autotune5 and exit6; next7 is prepared and has not been run.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -37,7 +37,8 @@ run() {  # run NAME GPUS LIMIT_S COMMAND... : one command, its line in commands.
   local name=$1 gpus=$2 limit=$3
   shift 3
   local var given="" started=$SECONDS code
-  for var in NCCL_MAX_NCHANNELS OMP_NUM_THREADS NCCL_DEBUG NCCL_DEBUG_SUBSYS TORCH_NCCL_HIGH_PRIORITY; do  # set for this run only
+  for var in NCCL_MAX_NCHANNELS OMP_NUM_THREADS NCCL_DEBUG NCCL_DEBUG_SUBSYS TORCH_NCCL_HIGH_PRIORITY \
+             TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS; do  # set for this run only
     [ -n "${!var:-}" ] && given+="$var=${!var} "
   done
   echo "[$(date -u +%H:%M:%S)] $name (GPU $gpus): $given$*" | tee -a "$OUT_DIR/commands.txt"
@@ -351,6 +352,20 @@ section_exit6() {  # session 4, last call: a 2-GPU --cuda-graphs run must now ex
     --compile --compiled-ddp no_optimization "${STEPS[@]}"
   bench e6-native-2gpu-bf16-256-compile-noopt-c 0,1 100 "${TWO[@]}" ddp_resnet50.py --compile \
     --compiled-ddp no_optimization "${STEPS[@]}"
+}
+
+section_next7() {  # prepared for the next device session, not yet run (issue 7). autotune5's run spent its 7
+  # minutes autotuning convolutions that cuDNN won every time: autotune the matrix products only, beside the
+  # default compiled reference; then the reducer traced into the compiled backward against no_optimization.
+  local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
+  TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS=ATEN bench n7-native-1gpu-bf16-256-autotune-gemm-graphs 0 480 "$PY" \
+    ddp_resnet50.py --compile-mode max-autotune-no-cudagraphs "${graphs[@]}" &
+  bench n7-native-1gpu-bf16-256-compile-graphs 1 300 "$PY" ddp_resnet50.py --compile "${graphs[@]}" &
+  wait
+  bench n7-native-2gpu-bf16-256-compile-noopt 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+    --compiled-ddp no_optimization "${STEPS[@]}"
+  bench n7-native-2gpu-bf16-256-compile-pyreducer 0,1 400 "${TWO[@]}" ddp_resnet50.py --compile \
+    --compiled-ddp python_reducer "${STEPS[@]}"
 }
 
 cores_near() {  # cores_near GPU: four cores of the GPU's own NUMA node (from sysfs), or nothing when unknown
