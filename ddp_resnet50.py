@@ -437,18 +437,39 @@ def package_version(name):
         return None
 
 
-def collect_software():
+# Environment variables that change what a run measures (NCCL's and PyTorch's tuning, Inductor's, threads,
+# visible devices): recorded with the software, since the configuration does not show them.
+TUNING_VARIABLE_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCHINDUCTOR_", "TORCH_CUDNN_", "TORCH_SYMM_MEM_", "PYTORCH_",
+                            "CUDA_", "CUBLAS_", "CUDNN_", "NVSHMEM_", "OMP_", "MKL_")
+
+
+def collect_software(environ=os.environ):
     nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
     return {"python": platform.python_version(), "torch": torch.__version__,
             "torch_git": torch.version.git_version, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
             "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
             "torchvision": torchvision.__version__, "lightning": package_version("lightning"),
-            "fairscale": package_version("fairscale")}
+            "fairscale": package_version("fairscale"),
+            "environment": {name: value for name, value in sorted(environ.items())
+                            if name.startswith(TUNING_VARIABLE_PREFIXES)}}
+
+
+def cpu_affinity():
+    """The cores this process may run on, as ranges ("4-7,12"), where the OS says (Linux)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cores, ranges = sorted(os.sched_getaffinity(0)), []
+    for core in cores:
+        if ranges and core == ranges[-1][1] + 1:
+            ranges[-1][1] = core
+        else:
+            ranges.append([core, core])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 def collect_local_hardware(device, rank):
-    info = {"rank": rank, "hostname": socket.gethostname(), "device": str(device)}
+    info = {"rank": rank, "hostname": socket.gethostname(), "device": str(device), "cpu_affinity": cpu_affinity()}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(gpu_name=props.name, gpu_memory_mib=mib(props.total_memory), gpu_uuid=str(props.uuid),

@@ -229,3 +229,17 @@ def test_host_lead_is_how_long_the_gpu_took_to_reach_each_mark(native):
     assert timer.step_times_ms() == pytest.approx([50.0, 50.0, 50.0])
     timer.events = [Event(0.0), Event(1.02), Event(2.01), Event(3.05)]
     assert timer.host_lead_ms() == pytest.approx([0.02, 0.01, 0.05])
+
+
+def test_tuning_variables_are_recorded_and_nothing_else(native):
+    environment = {"NCCL_MAX_NCHANNELS": "4", "TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS": "ATEN",
+                   "CUDA_VISIBLE_DEVICES": "0,1", "OMP_NUM_THREADS": "1", "HOME": "/root", "AWS_SECRET": "x",
+                   "SLURM_JOB_ID": "7", "PATH": "/bin"}
+    recorded = native.collect_software(environment)["environment"]
+    assert recorded == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_MAX_NCHANNELS": "4", "OMP_NUM_THREADS": "1",
+                        "TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS": "ATEN"}
+
+
+def test_cpu_affinity_is_written_as_ranges(native, monkeypatch):
+    monkeypatch.setattr(native.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 8, 10, 11}, raising=False)
+    assert native.cpu_affinity() == "0-3,8,10-11"

@@ -46,6 +46,9 @@ def test_two_rank_result_field_by_field(native_two_rank):
     assert result["efficiency"]["model_flops_per_image"] > 0 and result["efficiency"]["mfu"] is None
     assert result["software"]["torch"] and result["software"]["torchvision"]
     assert result["hardware"]["device_count"] == 2 and len(result["hardware"]["ranks"]) == 2
+    assert all(rank["cpu_affinity"] for rank in result["hardware"]["ranks"])  # Linux: the cores it may use
+    # torchrun sets OMP_NUM_THREADS for its workers (unless set already): a tuning variable, recorded
+    assert "OMP_NUM_THREADS" in result["software"]["environment"]
     assert result["failure"] is None and result["wall_time_s"] > 0
     # Rank 0 prints an environment block, progress and a Markdown table; rank 1 prints nothing of it.
     assert proc.stdout.count("== ddp_resnet50.py") == 1
