@@ -1485,9 +1485,7 @@ def instrumented_pass(setup, images, labels, config, device):
         marker = PhaseMarker(device, synchronize)
         with timed_parameter_sync(setup, marker):
             for _ in range(config["phase_steps"]):
-                if synchronize and device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                marker.start_step()
+                marker.start_step()  # in the synchronised pass this mark waits for the device first
                 train_step(setup, images, labels, config, marker)
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -371,8 +371,7 @@ section_next7() {  # prepared for the next device session, not yet run (issue 7)
 cores_near() {  # cores_near GPU: four cores of the GPU's own NUMA node (from sysfs), or nothing when unknown
   local bus list first
   bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i "$1" 2>/dev/null | tr 'A-F' 'a-f')
-  list=$(cat "/sys/bus/pci/devices/${bus#0000}/local_cpulist" 2>/dev/null ||
-         cat "/sys/bus/pci/devices/${bus:4}/local_cpulist" 2>/dev/null)
+  list=$(cat "/sys/bus/pci/devices/${bus#0000}/local_cpulist" 2>/dev/null)  # nvidia-smi: 00000000:18:00.0
   first=${list%%[-,]*}
   [[ "$first" =~ ^[0-9]+$ ]] && echo "$((first + 4 * ($1 + 1)))-$((first + 4 * ($1 + 1) + 3))"
 }
