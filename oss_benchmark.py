@@ -190,6 +190,9 @@ def add_harness_arguments(parser):
     parser.add_argument("--output", help="result JSON path (default runs/<script>-<strategy>-<world><device>-"
                                          "<precision>-<Slurm job id or process id>.json)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction,
+                        help="let cuDNN time its convolution algorithms in each process and keep the fastest "
+                             "(default on GPU); without it cuDNN's heuristics pick them, the same in every process")
     parser.add_argument("--timeout", type=timeout_seconds, default=300,
                         help="seconds a collective may wait for the other ranks before the run fails (default 300)")
     # Test hooks: make one rank fail on purpose (desync, oom, crash) to prove the failure paths.
@@ -198,12 +201,22 @@ def add_harness_arguments(parser):
     parser.add_argument("--inject-fault-step", type=int, default=1, help=argparse.SUPPRESS)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only where the help text does not already say it and there is one to show."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
 def add_ddp_arguments(parser, cuda_graphs):
     parser.add_argument("--bucket-cap-mb", type=bucket_megabytes, default=25.0, help="DDP gradient bucket size")
     parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
                         help="let gradients alias DDP's buckets: saves DDP's copy of every gradient back from its "
                              "bucket after the all-reduce (the copy in remains: gradients are set to None every "
-                             "step); PyTorch's own default is off")
+                             "step); on by default here, off in PyTorch's own DDP")
     parser.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
                         help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward; "
                              "without it each rank keeps its own statistics")
@@ -416,6 +429,8 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
     if memory_format == "auto":
         memory_format = "channels_last" if device_type == "cuda" else "contiguous"
     compile_mode = args.compile_mode or ("default" if args.compile else None)
+    if args.cudnn_benchmark and device_type != "cuda":
+        raise UsageError("--cudnn-benchmark needs --device cuda: it times cuDNN's GPU convolution algorithms")
     output = args.output if args.output is not None else os.path.join("runs", f"{os.path.splitext(os.path.basename(BENCHMARK))[0]}-{strategy}-"
                                                  f"{launch['world_size']}{device_type}-{precision}-"
                                                  f"{launch.get('slurm_job_id') or os.getpid()}.json")
@@ -431,7 +446,7 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
         "memory_format_requested": args.memory_format, "memory_format": memory_format,
         "compile": compile_mode is not None, "compile_mode": compile_mode,
         "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
-        "cudnn_benchmark": device_type == "cuda", "timeout_s": args.timeout,
+        "cudnn_benchmark": device_type == "cuda" and args.cudnn_benchmark is not False, "timeout_s": args.timeout,
         "output": os.path.abspath(output), "overwrite": args.overwrite,
         "inject_fault": args.inject_fault, "inject_fault_rank": args.inject_fault_rank,
         "inject_fault_step": args.inject_fault_step,
@@ -926,7 +941,7 @@ def setup_device(config, launch, device_count):
     if config["device"] == "cuda":
         device = torch.device("cuda", launch["local_rank"] % device_count)  # Slurm may bind one GPU per task
         torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = config["cudnn_benchmark"]
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         return device
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch["local_world_size"]))
@@ -1071,7 +1086,7 @@ def non_negative_int(text):
 
 def build_parser():
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0],
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   formatter_class=HelpFormatter)
     add_harness_arguments(parser)
     add_ddp_arguments(parser, cuda_graphs=False)  # for the strategies built on DDP (ddp, oss_ddp, zero1*)
     parser.add_argument("--strategy", type=strategy_list, default="all",
@@ -1889,6 +1904,8 @@ def main(argv=None):
     if "lr" not in explicit and args.preset is None:
         args.lr = DEFAULT_LR[args.optimizer]
     strategies, notes = resolve_strategies(args, explicit)
+    if args.cudnn_deterministic and args.cudnn_benchmark:
+        raise UsageError("--cudnn-deterministic turns cuDNN's autotuning off: drop --cudnn-benchmark")
     if args.trace_dir:
         try:
             os.makedirs(args.trace_dir, exist_ok=True)

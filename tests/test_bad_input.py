@@ -39,6 +39,7 @@ CASES = {
     "one value per BatchNorm channel": (["--batch-size-per-device", "1", "--image-size", "32"], {}, None,
                                         "leaves BatchNorm one value per channel"),
     "a seed beyond 64 bits": (["--seed", str(2**64)], {}, None, "argument --seed: must be an integer from 0"),
+    "cuDNN autotuning on the CPU": (["--cudnn-benchmark"], {}, None, "--cudnn-benchmark needs --device cuda"),
     "a timeout beyond a week": (["--timeout", "100000000"], {}, None, "argument --timeout: must be at most 604800"),
 }
 

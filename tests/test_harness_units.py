@@ -126,6 +126,8 @@ def test_resolved_config_records_requested_and_resolved_values(native, tmp_path)
     assert config["compile"] is True and config["compile_mode"] == "max-autotune"
     assert config["grad_scaler"] is False
     assert resolve(native, ["--output", str(tmp_path / "r.json"), "--precision", "fp16"])["grad_scaler"] is True
+    assert config["cudnn_benchmark"] is True  # on by default on a GPU, off when asked, off on the CPU
+    assert resolve(native, ["--output", str(tmp_path / "r.json"), "--no-cudnn-benchmark"])["cudnn_benchmark"] is False
 
 
 def test_output_rules(native, tmp_path):

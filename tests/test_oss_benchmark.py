@@ -243,6 +243,7 @@ def test_missing_fairscale_names_the_extra(tmp_path):
     # without an FSDP strategy the option has nothing to refuse: the next rule speaks
     (["--device", "cpu", "--strategy", "ddp", "--fsdp-param-dtype", "compute"], "sharding needs at least 2 ranks"),
     (["--fsdp-units", "layer"], "invalid choice"),
+    (["--cudnn-deterministic", "--cudnn-benchmark"], "--cudnn-deterministic turns cuDNN's autotuning off"),
     (["--strategy", "all,ddp"], "all cannot be combined with other strategies"),
     (["--optimizer", "adam", "--momentum", "0.5"], "--momentum does not apply to --optimizer adam"),
     (["--model", "googlenet"], "--model googlenet cannot be trained here at 224 px: its training-mode output is "

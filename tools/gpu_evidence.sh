@@ -8,7 +8,8 @@
 # Sections: native (issue 2), lightning (issue 3), graphs and compile (issue 7), sharding (issue 4), oom (issue 9);
 # the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7), and more below;
 # the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
-# final4; the fourth session's next5, twins6, autotune5 and exit6; next7 is prepared and has not been run.
+# final4; the fourth session's next5, twins6, autotune5 and exit6; the fifth session's s8a, s8b and s8c (next7,
+# prepared in the fourth, was replaced by s8a and s8c and never run).
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -38,7 +39,7 @@ run() {  # run NAME GPUS LIMIT_S COMMAND... : one command, its line in commands.
   shift 3
   local var given="" started=$SECONDS code
   for var in NCCL_MAX_NCHANNELS OMP_NUM_THREADS NCCL_DEBUG NCCL_DEBUG_SUBSYS TORCH_NCCL_HIGH_PRIORITY \
-             TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS; do  # set for this run only
+             TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS TORCHINDUCTOR_COORDINATE_DESCENT_TUNING; do  # this run only
     [ -n "${!var:-}" ] && given+="$var=${!var} "
   done
   echo "[$(date -u +%H:%M:%S)] $name (GPU $gpus): $given$*" | tee -a "$OUT_DIR/commands.txt"
@@ -354,18 +355,60 @@ section_exit6() {  # session 4, last call: a 2-GPU --cuda-graphs run must now ex
     --compiled-ddp no_optimization "${STEPS[@]}"
 }
 
-section_next7() {  # prepared for the next device session, not yet run (issue 7). autotune5's run spent its 7
-  # minutes autotuning convolutions that cuDNN won every time: autotune the matrix products only, beside the
-  # default compiled reference; then the reducer traced into the compiled backward against no_optimization.
+section_s8a() {  # session 5, call 1 (issue 7): max-autotune end to end with the convolutions left to cuDNN
+  # (autotune5 spent its 7 minutes autotuning convolutions that cuDNN won every time) on GPU 0; on GPU 1 the
+  # default compiled reference, then the default mode with Inductor's coordinate-descent tuning of its Triton
+  # kernels (which max-autotune also turns on), one after the other on the same GPU
   local graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
-  TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS=ATEN bench n7-native-1gpu-bf16-256-autotune-gemm-graphs 0 480 "$PY" \
+  TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS=ATEN bench s8-native-1gpu-bf16-256-autotune-gemm-graphs 0 500 "$PY" \
     ddp_resnet50.py --compile-mode max-autotune-no-cudagraphs "${graphs[@]}" &
-  bench n7-native-1gpu-bf16-256-compile-graphs 1 300 "$PY" ddp_resnet50.py --compile "${graphs[@]}" &
+  { bench s8-native-1gpu-bf16-256-compile-graphs 1 200 "$PY" ddp_resnet50.py --compile "${graphs[@]}"
+    TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 bench s8-native-1gpu-bf16-256-compile-cdt-graphs 1 290 "$PY" \
+      ddp_resnet50.py --compile "${graphs[@]}"
+  } &
   wait
-  bench n7-native-2gpu-bf16-256-compile-noopt 0,1 300 "${TWO[@]}" ddp_resnet50.py --compile \
+}
+
+section_s8b() {  # session 5, call 2: eager scaling with cuDNN's heuristics instead of per-process autotuning
+  # (issue 2: the profile saw the two ranks pick different algorithms and the step run at the slower rank's
+  # pace), against the defaults on the same machine; then the fairscale preset with and without each rank bound
+  # to its own cores, and fsdp_zero2 launches (issue 4)
+  pair "s8-native-1gpu-bf16-256-heur-gpu0 120 ddp_resnet50.py --no-cudnn-benchmark ${STEPS[*]}" \
+       "s8-native-1gpu-bf16-256-heur-gpu1 120 ddp_resnet50.py --no-cudnn-benchmark ${STEPS[*]}"
+  pair "s8-native-1gpu-bf16-256-gpu0 120 ddp_resnet50.py ${STEPS[*]}" \
+       "s8-native-1gpu-bf16-256-gpu1 120 ddp_resnet50.py ${STEPS[*]}"
+  bench s8-native-2gpu-bf16-256-heur 0,1 120 "${TWO[@]}" ddp_resnet50.py --no-cudnn-benchmark "${STEPS[@]}"
+  bench s8-native-2gpu-bf16-256-heur-nobb 0,1 120 "${TWO[@]}" ddp_resnet50.py --no-cudnn-benchmark \
+    --no-broadcast-buffers "${STEPS[@]}"
+  bench s8-native-2gpu-bf16-256 0,1 120 "${TWO[@]}" ddp_resnet50.py "${STEPS[@]}"
+  bench s8-native-2gpu-bf16-256-nobb 0,1 120 "${TWO[@]}" ddp_resnet50.py --no-broadcast-buffers "${STEPS[@]}"
+  local bind=()
+  "${TWO[@]}" --help 2>/dev/null | grep -q -- --numa-binding && bind=(--numa-binding exclusive)
+  echo "# s8b binding: ${bind[*]:-torchrun has no --numa-binding}" >>"$OUT_DIR/commands.txt"
+  local preset=(--preset fairscale --strategy ddp,oss_ddp,oss_sharded_ddp --warmup-steps 10 --steps 100)
+  bench s8-sharding-2gpu-preset-bound-a 0,1 150 "${TWO[@]:0:4}" "${bind[@]}" "${TWO[@]:4}" oss_benchmark.py "${preset[@]}"
+  bench s8-sharding-2gpu-preset 0,1 150 "${TWO[@]}" oss_benchmark.py "${preset[@]}"
+  bench s8-sharding-2gpu-preset-bound-b 0,1 150 "${TWO[@]:0:4}" "${bind[@]}" "${TWO[@]:4}" oss_benchmark.py "${preset[@]}"
+  bench s8-sharding-2gpu-bf16-256-fsdp2-a 0,1 150 "${TWO[@]}" oss_benchmark.py --strategy ddp,fsdp_zero2 \
+    --warmup-steps 10 --steps 50
+  bench s8-sharding-2gpu-bf16-256-fsdp2-bound 0,1 150 "${TWO[@]:0:4}" "${bind[@]}" "${TWO[@]:4}" oss_benchmark.py \
+    --strategy ddp,fsdp_zero2 --warmup-steps 10 --steps 50
+}
+
+section_s8c() {  # session 5, call 3: the reducer traced into the compiled backward (issue 7) against
+  # no_optimization on the same machine; the compiled twins at 32 per GPU on one GPU, side by side and swapped
+  # (issue 3: compiled, the host launches a few hundred kernels a step instead of about a thousand)
+  bench s8-native-2gpu-bf16-256-compile-noopt 0,1 200 "${TWO[@]}" ddp_resnet50.py --compile \
     --compiled-ddp no_optimization "${STEPS[@]}"
-  bench n7-native-2gpu-bf16-256-compile-pyreducer 0,1 400 "${TWO[@]}" ddp_resnet50.py --compile \
+  bench s8-native-2gpu-bf16-256-compile-pyreducer 0,1 280 "${TWO[@]}" ddp_resnet50.py --compile \
     --compiled-ddp python_reducer "${STEPS[@]}"
+  local small=(--compile --batch-size-per-device 32 --warmup-steps 10 --steps 300)
+  bench s8-native-1gpu-bf16-32-compile-gpu0 0 150 "$PY" ddp_resnet50.py "${small[@]}" &
+  bench s8-lightning-1gpu-bf16-32-compile-gpu1 1 150 "$PY" lightning/ddp_resnet50.py "${small[@]}" &
+  wait
+  bench s8-lightning-1gpu-bf16-32-compile-gpu0 0 150 "$PY" lightning/ddp_resnet50.py "${small[@]}" &
+  bench s8-native-1gpu-bf16-32-compile-gpu1 1 150 "$PY" ddp_resnet50.py "${small[@]}" &
+  wait
 }
 
 cores_near() {  # cores_near GPU: four cores of the GPU's own NUMA node (from sysfs), or nothing when unknown
