@@ -133,6 +133,10 @@ def add_harness_arguments(parser):
     parser.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune",
                                                    "max-autotune-no-cudagraphs"],
                         help="torch.compile mode (implies --compile)")
+    parser.add_argument("--coordinate-descent-tuning", action="store_true",
+                        help="torch.compile: Inductor tunes the launch settings of each Triton kernel it generates "
+                             "by coordinate descent (max-autotune does too, besides autotuning convolutions and "
+                             "matrix products); minutes more compilation the first time")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cuda (NCCL) or cpu (gloo, the smoke-test path); default cuda")
     parser.add_argument("--image-size", type=positive_int, default=224, help="square input size (default 224)")
@@ -207,9 +211,11 @@ def loss_scale_value(text):
 
 
 def resolve_ddp_options(args, config, world_size):
-    """DDP, compiled-DDP and CUDA-graph options, checked like the rest before any GPU work."""
+    """DDP, compiled-DDP, Inductor-tuning and CUDA-graph options, checked like the rest before any GPU work."""
     if args.compiled_ddp and not config["compile"]:
         raise UsageError("--compiled-ddp needs --compile or --compile-mode")
+    if args.coordinate_descent_tuning and not config["compile"]:
+        raise UsageError("--coordinate-descent-tuning needs --compile or --compile-mode: it tunes Inductor's kernels")
     cuda_graphs = bool(getattr(args, "cuda_graphs", False))
     loss_scale = getattr(args, "loss_scale", "dynamic")
     if loss_scale != "dynamic" and config["precision"] != "fp16":
@@ -234,6 +240,14 @@ def resolve_ddp_options(args, config, world_size):
         if config["warmup_steps"] < needed:
             raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
                              + (", after the 11 eager DDP steps that DDP needs first" if world_size > 1 else ""))
+    config["coordinate_descent_tuning"] = False
+    if config["compile"]:
+        import torch._inductor.config as inductor_config
+        if args.coordinate_descent_tuning:
+            inductor_config.coordinate_descent_tuning = True
+        # what runs: the option, TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, or a max-autotune mode (which sets it)
+        config["coordinate_descent_tuning"] = (bool(inductor_config.coordinate_descent_tuning)
+                                               or config["compile_mode"].startswith("max-autotune"))
     if args.compiled_ddp:
         torch._dynamo.config.optimize_ddp = args.compiled_ddp
         torch._dynamo.config.compiled_autograd = args.compiled_ddp == "python_reducer"

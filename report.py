@@ -58,6 +58,8 @@ NO_RESULTS = ("No results committed yet: run the benchmarks on a GPU machine, pu
 
 SETUP_FIELDS = ("device", "device_name", "torch", "model", "image_size", "precision", "memory_format",
                 "compile_mode", "optimizer")
+# Options that a result carries only when they were given: their absence is the default, not worth a word.
+ABSENT_BY_DEFAULT = {"inductor_environment"}
 RUN_FIELDS = ("benchmark", "strategy", "options", "num_nodes", "world_size", "batch_mode",
               "batch_size_per_device", "global_batch_size")
 Config = namedtuple("Config", SETUP_FIELDS + RUN_FIELDS)
@@ -66,7 +68,7 @@ Config = namedtuple("Config", SETUP_FIELDS + RUN_FIELDS)
 NOT_OPTIONS = {"benchmark", "strategy", "device", "backend", "model", "image_size", "batch_mode",
                "batch_size_per_device", "global_batch_size", "warmup_steps", "steps", "precision_requested",
                "precision", "grad_scaler", "tf32", "memory_format_requested", "memory_format", "compile",
-               "compile_mode", "optimizer", "lr", "seed", "cudnn_benchmark", "timeout_s", "output", "overwrite",
+               "compile_mode", "optimizer", "lr", "seed", "timeout_s", "output", "overwrite",
                "inject_fault", "inject_fault_rank", "inject_fault_step",
                # CPU runs: the cores shared out over the ranks, so it follows the world size.
                "cpu_threads_per_rank",
@@ -212,19 +214,34 @@ def device_name_of(config, hardware):
     return " + ".join(names) or None  # None: the run failed before it looked at its hardware
 
 
-def effective_options(config, benchmark, world_size):
-    """The recorded options, with the compiled-DDP mode a run used when it recorded none: a compiled run over
-    several ranks split its graph at DDP's buckets (PyTorch's default, ddp_optimizer), in the native script and
-    in the Lightning twin alike (Dynamo sees DDP around the compiled ResNet while it traces)."""
+def effective_options(config, benchmark, world_size, environment=None):
+    """The recorded options, with what a run used where it recorded nothing:
+    - the compiled-DDP mode: a compiled run over several ranks split its graph at DDP's buckets (PyTorch's
+      default, ddp_optimizer), in the native script and in the Lightning twin alike (Dynamo sees DDP around the
+      compiled ResNet while it traces);
+    - Inductor's coordinate-descent tuning (recorded since --coordinate-descent-tuning): on in the max-autotune
+      modes and under TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, off otherwise;
+    - any other TORCHINDUCTOR_ variable the run was given (its cache folder aside), as inductor_environment:
+      it changes what Inductor generates."""
+    config, environment = dict(config), environment or {}
     if (config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config
             and benchmark in (NATIVE, LIGHTNING)):
-        return {**config, "compiled_ddp": "ddp_optimizer"}
+        config["compiled_ddp"] = "ddp_optimizer"
+    if "coordinate_descent_tuning" not in config:
+        config["coordinate_descent_tuning"] = bool(config.get("compile")) and (
+            environment.get("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "0").lower() in ("1", "true")
+            or str(config.get("compile_mode")).startswith("max-autotune"))
+    inductor = {name: value for name, value in environment.items() if name.startswith("TORCHINDUCTOR_")
+                and name not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING")}
+    if inductor:
+        config["inductor_environment"] = inductor
     return config
 
 
 def make_run(path, result):
     world = result["world"]
-    config = effective_options(result["config"], result["benchmark"], world["world_size"])
+    config = effective_options(result["config"], result["benchmark"], world["world_size"],
+                               (result.get("software") or {}).get("environment"))
     hardware = result.get("hardware") or {}
     throughput = result.get("throughput") or {}
     memory = result.get("memory") or {}
@@ -460,7 +477,7 @@ def devices_text(config):
 def strategy_text(config, varying):
     differing = varying.get((config.benchmark, config.strategy), [])
     shown = [(name, value) for name, value in config.options if name in differing]
-    missing = [name for name in differing if name not in dict(config.options)]
+    missing = [name for name in differing if name not in dict(config.options) and name not in ABSENT_BY_DEFAULT]
     details = [f"{name}={value.strip(chr(34))}" for name, value in shown] + [f"{name} unset" for name in missing]
     return config.strategy + (f" ({', '.join(details)})" if details else "")
 

@@ -433,10 +433,29 @@ def test_compiled_ddp_mode_is_read_from_what_each_script_does(report):
     config = {"compile": True, "compiled_ddp": None}
     assert report.effective_options(config, report.NATIVE, 2)["compiled_ddp"] == "ddp_optimizer"
     assert report.effective_options(config, report.LIGHTNING, 2)["compiled_ddp"] == "ddp_optimizer"
-    assert report.effective_options(config, report.OSS, 2) is config
-    assert report.effective_options(config, report.NATIVE, 1) is config  # one rank: no DDP at all
+    assert report.effective_options(config, report.OSS, 2)["compiled_ddp"] is None
+    assert report.effective_options(config, report.NATIVE, 1)["compiled_ddp"] is None  # one rank: no DDP at all
     eager = {"compile": False, "compiled_ddp": None}
-    assert report.effective_options(eager, report.LIGHTNING, 2) is eager
+    assert report.effective_options(eager, report.LIGHTNING, 2)["compiled_ddp"] is None
+
+
+def test_inductor_tuning_is_read_from_the_config_or_the_recorded_environment(report):
+    """Runs tuned through environment variables (before --coordinate-descent-tuning existed) are told apart
+    from untuned ones, and from each other where another TORCHINDUCTOR_ variable changed the kernels."""
+    compiled = {"compile": True, "compile_mode": "default"}
+    tuned = {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1", "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"}
+    options = report.effective_options(compiled, report.NATIVE, 1, tuned)
+    assert options["coordinate_descent_tuning"] is True and "inductor_environment" not in options
+    assert report.effective_options(compiled, report.NATIVE, 1, {})["coordinate_descent_tuning"] is False
+    assert report.effective_options({"compile": False, "compile_mode": None}, report.NATIVE, 1,
+                                    tuned)["coordinate_descent_tuning"] is False
+    autotune = {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"}
+    options = report.effective_options(autotune, report.NATIVE, 1, {"TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS": "ATEN"})
+    assert options["coordinate_descent_tuning"] is True  # the mode turns it on
+    assert options["inductor_environment"] == {"TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS": "ATEN"}
+    # a newer script records what ran: the record wins
+    recorded = {**compiled, "coordinate_descent_tuning": False}
+    assert report.effective_options(recorded, report.NATIVE, 1, tuned)["coordinate_descent_tuning"] is False
 
 
 def test_long_setup_titles_keep_distinct_plot_names(report):

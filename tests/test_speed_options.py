@@ -13,6 +13,7 @@ from conftest import NATIVE, SMALL, expect_usage_error, pretend_gpus, read_resul
     (["--cuda-graphs", "--compile-mode", "max-autotune", "--warmup-steps", "20"], "captures its own CUDA graphs"),
     (["--cuda-graphs", "--warmup-steps", "1"], "--cuda-graphs needs --warmup-steps >= 2"),
     (["--compiled-ddp", "python_reducer"], "--compiled-ddp needs --compile"),
+    (["--coordinate-descent-tuning"], "--coordinate-descent-tuning needs --compile or --compile-mode"),
     (["--compile-mode", "fastest"], "invalid choice"),
     (["--bucket-cap-mb", "0"], "must be a positive finite number"),
     (["--loss-scale", "1024"], "--loss-scale 1024 needs --precision fp16"),
@@ -93,14 +94,34 @@ def test_the_compiled_ddp_mode_that_runs_is_recorded(native, tmp_path):
         torch._dynamo.config.optimize_ddp = optimize_ddp
 
 
+def test_coordinate_descent_tuning_reaches_inductor_and_what_runs_is_recorded(native, tmp_path, monkeypatch):
+    import torch._inductor.config as inductor_config
+    monkeypatch.setattr(inductor_config, "coordinate_descent_tuning", False)
+    out = ["--output", str(tmp_path / "r.json")]
+
+    def tuned(argv):
+        return resolve_config(native, [*argv, *out], count=1, ddp_world_size=1)["coordinate_descent_tuning"]
+
+    assert tuned([]) is False and tuned(["--compile"]) is False
+    # the max-autotune modes turn it on themselves: recorded, without touching the global setting
+    assert tuned(["--compile-mode", "max-autotune-no-cudagraphs"]) is True
+    assert inductor_config.coordinate_descent_tuning is False
+    assert tuned(["--compile", "--coordinate-descent-tuning"]) is True
+    assert inductor_config.coordinate_descent_tuning is True
+    # set by TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 (or the option earlier): recorded as what runs
+    assert tuned(["--compile"]) is True
+
+
 def test_compile_runs_end_to_end(tmp_path):
     """torch.compile on the CPU (Inductor's C++ backend): slow to compile, so two images and one timed step."""
     output = tmp_path / "compiled.json"
     proc = run_script(NATIVE, [*SMALL, "--batch-size-per-device", "2", "--warmup-steps", "1", "--steps", "1",
-                               "--compile-mode", "default", "--output", str(output)], timeout=600)
+                               "--compile-mode", "default", "--coordinate-descent-tuning", "--output", str(output)],
+                      timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = read_result(output)
     assert result["config"]["compile"] is True and result["config"]["compile_mode"] == "default"
+    assert result["config"]["coordinate_descent_tuning"] is True  # a no-op for the CPU's C++ kernels
     assert result["status"] == "ok" and result["checks"]["loss_finite"]
 
 
