@@ -35,3 +35,18 @@ def test_the_block_is_what_lies_between_the_markers():
     for broken in (f"{tool.END}{tool.BEGIN}", f"{tool.BEGIN}x\n", f"{tool.BEGIN}{tool.BEGIN}{tool.END}"):
         with pytest.raises(SystemExit):
             tool.harness_block(broken, "made-up")
+
+
+def test_the_sync_tool_renumbers_the_lightning_code_map(tmp_path, monkeypatch):
+    """Copying the harness moves the twin's lines; the tool puts the README's line numbers back."""
+    import re
+    tool = load_script(SYNC, "sync_harness_under_test")
+    readme = (ROOT / "lightning" / "README.md").read_text()
+    shifted = re.sub(r"(— line |at line )(\d+)", lambda m: f"{m[1]}{int(m[2]) + 3}", readme)
+    assert shifted != readme
+    copy = tmp_path / "README.md"
+    copy.write_text(shifted)
+    monkeypatch.setattr(tool, "TWIN_README", copy)
+    assert tool.renumber_code_map() is True
+    assert copy.read_text() == readme  # the committed README is right (test_lightning checks it against the file)
+    assert tool.renumber_code_map() is False

@@ -4,12 +4,15 @@ The scripts are single files on purpose (copy one to a cluster, read it top to b
 (argument checks, timing, statistics, environment capture, JSON writing, failure handling) is repeated
 in each. ddp_resnet50.py holds the master copy; this tool replaces the block between the markers in
 the others, and `--check` only reports whether they differ (tests/test_harness_copies.py runs it).
+Copying moves the Lightning twin's lines, so it also renumbers the code map in lightning/README.md
+(`name()` — line N, and the line that creates the model), which tests/test_lightning.py checks.
 
     python tools/sync_harness.py          # copy
     python tools/sync_harness.py --check  # exit 1 when a copy differs
 """
 import argparse
 import pathlib
+import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -17,6 +20,7 @@ MASTER = ROOT / "ddp_resnet50.py"
 COPIES = [ROOT / "lightning" / "ddp_resnet50.py", ROOT / "oss_benchmark.py"]
 BEGIN = "# ============================================================================ harness\n"
 END = "# ============================================================================ end of harness\n"
+TWIN, TWIN_README = ROOT / "lightning" / "ddp_resnet50.py", ROOT / "lightning" / "README.md"
 
 
 def harness_block(text, path):
@@ -26,6 +30,26 @@ def harness_block(text, path):
     if stop <= start + len(BEGIN):
         raise SystemExit(f"{path}: the harness end marker comes before its begin marker")
     return start, stop
+
+
+def renumber_code_map():
+    """Point every `name()` — line N of the Lightning README at where that function or ResNet50Benchmark method
+    now starts, and the model's line at the one that calls resnet50(weights=None). True when it changed."""
+    source = TWIN.read_text().splitlines()
+    module_class = next(i for i, text in enumerate(source, 1) if text.startswith("class ResNet50Benchmark("))
+
+    def line_of(method, name):
+        pattern = rf"    def {name}\b" if method else rf"(def|class) {name}\b"
+        return next(i for i, text in enumerate(source, 1) if re.match(pattern, text) and (not method or i > module_class))
+
+    readme = TWIN_README.read_text()
+    updated = re.sub(r"`(ResNet50Benchmark\.)?(\w+)(\(\))?` — line \d+",
+                     lambda m: f"`{m[1] or ''}{m[2]}{m[3] or ''}` — line {line_of(m[1], m[2])}", readme)
+    model_line = next(i for i, text in enumerate(source, 1) if "resnet50(weights=None" in text)
+    updated = re.sub(r"(`[\w.]+\(weights=None\)` at line )\d+", lambda m: f"{m[1]}{model_line}", updated)
+    if updated != readme:
+        TWIN_README.write_text(updated)
+    return updated != readme
 
 
 def main():
@@ -51,6 +75,8 @@ def main():
         return 1
     if differing:
         print("copied the harness into: " + ", ".join(differing))
+    if not args.check and renumber_code_map():
+        print("renumbered the code map in lightning/README.md")
     return 0
 
 
