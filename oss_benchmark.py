@@ -1102,6 +1102,9 @@ def build_parser():
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=HelpFormatter)
     add_harness_arguments(parser)
+    # the harness's --lr default is SGD's; here it follows --optimizer (main() applies DEFAULT_LR)
+    parser._option_string_actions["--lr"].help = ("learning rate (default per --optimizer: " + ", ".join(
+        f"{name} {lr:g}" for name, lr in DEFAULT_LR.items()) + ")")
     add_ddp_arguments(parser, cuda_graphs=False)  # for the strategies built on DDP (ddp, oss_ddp, zero1*)
     parser.add_argument("--strategy", type=strategy_list, default="all",
                         help=f"one of {', '.join(STRATEGIES)}, a comma list, or all (those the backend can run)")

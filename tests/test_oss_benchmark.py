@@ -340,3 +340,10 @@ def test_table_refuses_a_file_that_is_not_an_oss_result(script, tmp_path):
                                 "memory": {}}))
     with pytest.raises(script.UsageError, match=r"is not an oss_benchmark.py result \(KeyError: 'precision'\)"):
         script.main(["--table", str(path)])
+
+
+def test_the_help_gives_each_optimizers_own_learning_rate(script):
+    text = script.build_parser().format_help()
+    assert "learning rate (default per --optimizer: sgd 0.1, adam 0.001, adamw 0.001, rmsprop 0.0001)" in " ".join(
+        text.split())
+    assert "(default 0.1)" not in text.split("--lr LR", 1)[1].split("--momentum", 1)[0]
