@@ -385,19 +385,20 @@ section_s8b() {  # session 5, call 2: eager scaling with cuDNN's heuristics inst
   local bind=()
   "${TWO[@]}" --help 2>/dev/null | grep -q -- --numa-binding && bind=(--numa-binding exclusive)
   echo "# s8b binding: ${bind[*]:-torchrun has no --numa-binding}" >>"$OUT_DIR/commands.txt"
+  local bound=("${TWO[@]:0:4}" "${bind[@]}" "${TWO[@]:4}")  # torchrun with its options, binding included
   local preset=(--preset fairscale --strategy ddp,oss_ddp,oss_sharded_ddp --warmup-steps 10 --steps 100)
-  bench s8-sharding-2gpu-preset-bound-a 0,1 150 "${TWO[@]:0:4}" "${bind[@]}" "${TWO[@]:4}" oss_benchmark.py "${preset[@]}"
+  bench s8-sharding-2gpu-preset-bound-a 0,1 150 "${bound[@]}" oss_benchmark.py "${preset[@]}"
   bench s8-sharding-2gpu-preset 0,1 150 "${TWO[@]}" oss_benchmark.py "${preset[@]}"
-  bench s8-sharding-2gpu-preset-bound-b 0,1 150 "${TWO[@]:0:4}" "${bind[@]}" "${TWO[@]:4}" oss_benchmark.py "${preset[@]}"
+  bench s8-sharding-2gpu-preset-bound-b 0,1 150 "${bound[@]}" oss_benchmark.py "${preset[@]}"
   bench s8-sharding-2gpu-bf16-256-fsdp2-a 0,1 150 "${TWO[@]}" oss_benchmark.py --strategy ddp,fsdp_zero2 \
     --warmup-steps 10 --steps 50
-  bench s8-sharding-2gpu-bf16-256-fsdp2-bound 0,1 150 "${TWO[@]:0:4}" "${bind[@]}" "${TWO[@]:4}" oss_benchmark.py \
+  bench s8-sharding-2gpu-bf16-256-fsdp2-bound 0,1 150 "${bound[@]}" oss_benchmark.py \
     --strategy ddp,fsdp_zero2 --warmup-steps 10 --steps 50
 }
 
 section_s8c() {  # session 5, call 3: the reducer traced into the compiled backward (issue 7) against
   # no_optimization on the same machine; the compiled twins at 32 per GPU on one GPU, side by side and swapped
-  # (issue 3: compiled, the host launches a few hundred kernels a step instead of about a thousand)
+  # (issue 3: in case compiling took the host out of the step; it did not, the compiled step stayed host-bound)
   bench s8-native-2gpu-bf16-256-compile-noopt 0,1 200 "${TWO[@]}" ddp_resnet50.py --compile \
     --compiled-ddp no_optimization "${STEPS[@]}"
   bench s8-native-2gpu-bf16-256-compile-pyreducer 0,1 280 "${TWO[@]}" ddp_resnet50.py --compile \
