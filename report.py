@@ -60,6 +60,7 @@ SETUP_FIELDS = ("device", "device_name", "torch", "model", "image_size", "precis
                 "compile_mode", "optimizer")
 # Options that a result carries only when they were given: their absence is the default, not worth a word.
 ABSENT_BY_DEFAULT = {"inductor_environment"}
+TORCH_CUDNN_BENCHMARK_LIMIT = 10  # torch.backends.cudnn.benchmark_limit's default (torch 1.13 to 2.11 at least)
 RUN_FIELDS = ("benchmark", "strategy", "options", "num_nodes", "world_size", "batch_mode",
               "batch_size_per_device", "global_batch_size")
 Config = namedtuple("Config", SETUP_FIELDS + RUN_FIELDS)
@@ -222,7 +223,9 @@ def effective_options(config, benchmark, world_size, environment=None):
     - Inductor's coordinate-descent tuning (recorded since --coordinate-descent-tuning): on in the max-autotune
       modes and under TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, off otherwise;
     - any other TORCHINDUCTOR_ variable the run was given (its cache folder aside), as inductor_environment:
-      it changes what Inductor generates."""
+      it changes what Inductor generates;
+    - cuDNN's autotuning limit (recorded since --cudnn-benchmark-limit): PyTorch's default, 10 algorithms per
+      convolution, where cuDNN autotuned."""
     config, environment = dict(config), environment or {}
     if (config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config
             and benchmark in (NATIVE, LIGHTNING)):
@@ -231,6 +234,8 @@ def effective_options(config, benchmark, world_size, environment=None):
         config["coordinate_descent_tuning"] = bool(config.get("compile")) and (
             environment.get("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "0").lower() in ("1", "true")
             or str(config.get("compile_mode")).startswith("max-autotune"))
+    if "cudnn_benchmark_limit" not in config:
+        config["cudnn_benchmark_limit"] = TORCH_CUDNN_BENCHMARK_LIMIT if config.get("cudnn_benchmark") else None
     inductor = {name: value for name, value in environment.items() if name.startswith("TORCHINDUCTOR_")
                 and name not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING")}
     if inductor:

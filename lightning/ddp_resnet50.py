@@ -33,6 +33,7 @@ import math
 import os
 import platform
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -101,6 +102,13 @@ def positive_int(text):
     return value
 
 
+def non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
 def positive_float(text):
     value = float(text)
     if not 0 < value < math.inf:
@@ -156,6 +164,9 @@ def add_harness_arguments(parser):
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction,
                         help="let cuDNN time its convolution algorithms in each process and keep the fastest "
                              "(default on GPU); without it cuDNN's heuristics pick them, the same in every process")
+    parser.add_argument("--cudnn-benchmark-limit", type=non_negative_int,
+                        help="with cuDNN's autotuning, how many of its candidate algorithms per convolution to time "
+                             "(PyTorch's default: 10, in the order of cuDNN's heuristics); 0 times every one")
     parser.add_argument("--timeout", type=timeout_seconds, default=300,
                         help="seconds a collective may wait for the other ranks before the run fails (default 300)")
     # Test hooks: make one rank fail on purpose (desync, oom, crash) to prove the failure paths.
@@ -404,6 +415,9 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
     compile_mode = args.compile_mode or ("default" if args.compile else None)
     if args.cudnn_benchmark and device_type != "cuda":
         raise UsageError("--cudnn-benchmark needs --device cuda: it times cuDNN's GPU convolution algorithms")
+    if args.cudnn_benchmark_limit is not None and (device_type != "cuda" or args.cudnn_benchmark is False):
+        raise UsageError("--cudnn-benchmark-limit needs cuDNN's autotuning: --device cuda without "
+                         "--no-cudnn-benchmark")
     output = args.output if args.output is not None else os.path.join("runs", f"{os.path.splitext(os.path.basename(BENCHMARK))[0]}-{strategy}-"
                                                  f"{launch['world_size']}{device_type}-{precision}-"
                                                  f"{launch.get('slurm_job_id') or os.getpid()}.json")
@@ -419,7 +433,8 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
         "memory_format_requested": args.memory_format, "memory_format": memory_format,
         "compile": compile_mode is not None, "compile_mode": compile_mode,
         "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
-        "cudnn_benchmark": device_type == "cuda" and args.cudnn_benchmark is not False, "timeout_s": args.timeout,
+        "cudnn_benchmark": device_type == "cuda" and args.cudnn_benchmark is not False,
+        "cudnn_benchmark_limit": args.cudnn_benchmark_limit, "timeout_s": args.timeout,
         "output": os.path.abspath(output), "overwrite": args.overwrite,
         "inject_fault": args.inject_fault, "inject_fault_rank": args.inject_fault_rank,
         "inject_fault_step": args.inject_fault_step,
@@ -604,6 +619,43 @@ def write_json_atomically(path, payload):
         raise
 
 
+def host_counters():
+    """The machine's CPU time by kind (/proc/stat, Linux; None elsewhere) and this process's CPU time and context
+    switches, all threads together."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    counters = {"process_cpu_s": usage.ru_utime + usage.ru_stime, "voluntary_switches": usage.ru_nvcsw,
+                "involuntary_switches": usage.ru_nivcsw, "machine": None}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = stat.readline().split()
+        counters["machine"] = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return counters
+
+
+def host_activity(start, wall_s):
+    """What the host did during the timed steps: the share of the machine's CPU time its hypervisor took
+    (steal) and the share spent busy, and this process's CPU seconds per wall second and context switches
+    (involuntary: its threads preempted). A launch-bound step runs at the host's pace; these say what that
+    pace was up against."""
+    end = host_counters()
+    activity = {"process_cpu_per_wall": (end["process_cpu_s"] - start["process_cpu_s"]) / wall_s if wall_s > 0
+                else None,
+                "involuntary_context_switches": end["involuntary_switches"] - start["involuntary_switches"],
+                "voluntary_context_switches": end["voluntary_switches"] - start["voluntary_switches"],
+                "machine_steal_percent": None, "machine_busy_percent": None}
+    if start["machine"] and end["machine"]:
+        delta = [b - a for a, b in zip(start["machine"], end["machine"])]
+        if sum(delta) > 0:
+            activity["machine_steal_percent"] = 100.0 * delta[7] / sum(delta)
+            activity["machine_busy_percent"] = 100.0 * (sum(delta) - delta[3] - delta[4]) / sum(delta)
+    return activity
+
+
+def start_clock():
+    """The start of the timed steps: the host clock and the host's counters (close_record() takes both)."""
+    return {"time": time.perf_counter(), "host": host_counters()}
+
+
 class StepTimer:
     """Marks between steps: CUDA events on the GPU (no host sync), and the host clock at each mark."""
 
@@ -753,7 +805,7 @@ def base_result(config, launch, started_at):
                       "backend": config["backend"], "slurm_job_id": launch.get("slurm_job_id"),
                       "master_addr": launch["master_addr"], "master_port": launch["master_port"]},
             "throughput": None, "step_time_ms": None, "step_times_ms_per_rank": None,
-            "host_lead_ms": None, "host_lead_ms_per_rank": None, "loss_per_step": None,
+            "host_lead_ms": None, "host_lead_ms_per_rank": None, "host_cpu_per_rank": None, "loss_per_step": None,
             "memory": None, "checks": None, "efficiency": None, "failure": None,
             "software": collect_software(), "hardware": None, "git": collect_git(),
             "started_at": started_at.strftime("%Y-%m-%dT%H:%M:%SZ"), "wall_time_s": None}
@@ -778,6 +830,7 @@ def complete_result(result, per_rank, global_batch, flops_per_image):
     if None not in leads:
         result["host_lead_ms"] = summarize([v for lead in leads for v in lead])
         result["host_lead_ms_per_rank"] = leads
+    result["host_cpu_per_rank"] = [r.get("host_cpu") for r in per_rank]
     result["loss_per_step"] = rank0["losses"]
     result["hardware"] = {"ranks": [r["hardware"] for r in per_rank], "device_count": world_size,
                           "hostnames": sorted({r["hardware"]["hostname"] for r in per_rank}), **rank0["host"]}
@@ -826,6 +879,11 @@ def print_summary_table(result):
           f"{throughput['images_per_second_per_device']:,.0f} | {steps['median']:.2f} | {steps['p90']:.2f} | "
           f"{steps['mad']:.2f} | {'-' if peak is None else f'{peak:,.0f}'} | "
           f"{'-' if mfu is None else f'{mfu:.1%}'} | {result['status']} |", flush=True)
+    host = (result["host_cpu_per_rank"] or [None])[0]
+    if host and host["machine_steal_percent"] is not None:
+        print(f"host during the timed steps (rank 0): machine busy {host['machine_busy_percent']:.0f} %, stolen by "
+              f"the hypervisor {host['machine_steal_percent']:.1f} %; this process {host['process_cpu_per_wall']:.2f}"
+              f" CPU-s per s, {host['involuntary_context_switches']} involuntary context switches", flush=True)
 
 
 def exit_code_for(status, signum=0):
@@ -875,7 +933,7 @@ def measure(step, config, device, rank, world_size, monitor, stop):
             torch.cuda.reset_peak_memory_stats(device)
         if world_size > 1:
             dist.barrier(group=monitor)
-        started = time.perf_counter()
+        started = start_clock()
         timer.mark()
         run_steps(config["steps"], timed=True)
     return close_record(record, timer, losses, started, device, stop, world_size)
@@ -887,7 +945,8 @@ def close_record(record, timer, losses, started, device, stop, world_size):
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
-    record["timed_wall_s"] = time.perf_counter() - started if started is not None else 0.0
+    record["timed_wall_s"] = time.perf_counter() - started["time"] if started is not None else 0.0
+    record["host_cpu"] = host_activity(started["host"], record["timed_wall_s"]) if started is not None else None
     last_round = stop.settle(world_size)  # always: no round outlives the loop
     record["signal"] = record["signal"] or last_round  # a signal during the last step
     record["step_times_ms"] = timer.step_times_ms()
@@ -915,6 +974,10 @@ def setup_device(config, launch, device_count):
         device = torch.device("cuda", launch["local_rank"] % device_count)  # Slurm may bind one GPU per task
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = config["cudnn_benchmark"]
+        if config["cudnn_benchmark"]:
+            if config["cudnn_benchmark_limit"] is not None:
+                torch.backends.cudnn.benchmark_limit = config["cudnn_benchmark_limit"]
+            config["cudnn_benchmark_limit"] = torch.backends.cudnn.benchmark_limit  # what runs
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         return device
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch["local_world_size"]))
@@ -1179,7 +1242,7 @@ class ResNet50Benchmark(L.LightningModule):
                 torch.cuda.reset_peak_memory_stats(self.device)
             if self.monitor is not None:
                 dist.barrier(group=self.monitor)
-            self.started = time.perf_counter()
+            self.started = start_clock()
             self.timer.mark()
 
     def on_train_batch_end(self, outputs, batch, batch_idx):

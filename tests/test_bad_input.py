@@ -40,6 +40,13 @@ CASES = {
                                         "leaves BatchNorm one value per channel"),
     "a seed beyond 64 bits": (["--seed", str(2**64)], {}, None, "argument --seed: must be an integer from 0"),
     "cuDNN autotuning on the CPU": (["--cudnn-benchmark"], {}, None, "--cudnn-benchmark needs --device cuda"),
+    "a cuDNN autotuning limit on the CPU": (["--cudnn-benchmark-limit", "0"], {}, None,
+                                            "--cudnn-benchmark-limit needs cuDNN's autotuning"),
+    "a cuDNN autotuning limit without autotuning": (["--device", "cuda", "--no-cudnn-benchmark",
+                                                     "--cudnn-benchmark-limit", "4"], {}, FAKE_GPU,
+                                                    "--cudnn-benchmark-limit needs cuDNN's autotuning"),
+    "a negative cuDNN autotuning limit": (["--cudnn-benchmark-limit", "-1"], {}, None,
+                                          "argument --cudnn-benchmark-limit: must be an integer >= 0"),
     "a timeout beyond a week": (["--timeout", "100000000"], {}, None, "argument --timeout: must be at most 604800"),
 }
 

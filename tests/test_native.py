@@ -35,6 +35,12 @@ def test_two_rank_result_field_by_field(native_two_rank):
     assert stats["median"] == pytest.approx((pooled[3] + pooled[4]) / 2)
     assert stats["min"] <= stats["median"] <= stats["p90"] <= stats["p99"] <= stats["max"]
     assert result["host_lead_ms"] is None and result["host_lead_ms_per_rank"] is None  # GPU events only
+    # What the host did during the timed steps, per rank (Linux: /proc/stat and getrusage).
+    hosts = result["host_cpu_per_rank"]
+    assert len(hosts) == 2 and all(h["process_cpu_per_wall"] > 0 for h in hosts)
+    assert all(0 <= h["machine_steal_percent"] <= 100 and 0 < h["machine_busy_percent"] <= 100 for h in hosts)
+    assert all(h["involuntary_context_switches"] >= 0 and h["voluntary_context_switches"] >= 0 for h in hosts)
+    assert result["config"]["cudnn_benchmark_limit"] is None  # no cuDNN on the CPU
     # The event (here: host clock per step) sum agrees with the wall time of the timed region.
     checks = result["checks"]
     assert checks["timing_consistent"] and all(0.95 <= q <= 1.02 for q in checks["event_time_over_wall"])

@@ -244,6 +244,7 @@ def test_missing_fairscale_names_the_extra(tmp_path):
     (["--device", "cpu", "--strategy", "ddp", "--fsdp-param-dtype", "compute"], "sharding needs at least 2 ranks"),
     (["--fsdp-units", "layer"], "invalid choice"),
     (["--cudnn-deterministic", "--cudnn-benchmark"], "--cudnn-deterministic turns cuDNN's autotuning off"),
+    (["--cudnn-deterministic", "--cudnn-benchmark-limit", "0"], "drop --cudnn-benchmark-limit"),
     (["--strategy", "all,ddp"], "all cannot be combined with other strategies"),
     (["--optimizer", "adam", "--momentum", "0.5"], "--momentum does not apply to --optimizer adam"),
     (["--model", "googlenet"], "--model googlenet cannot be trained here at 224 px: its training-mode output is "

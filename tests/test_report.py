@@ -458,6 +458,15 @@ def test_inductor_tuning_is_read_from_the_config_or_the_recorded_environment(rep
     assert report.effective_options(recorded, report.NATIVE, 1, tuned)["coordinate_descent_tuning"] is False
 
 
+def test_cudnn_benchmark_limit_is_pytorchs_default_where_a_result_recorded_none(report):
+    """Results from before --cudnn-benchmark-limit ran with PyTorch's limit of 10 where cuDNN autotuned, so they
+    pair with newer results that record it."""
+    assert report.effective_options({"cudnn_benchmark": True}, report.NATIVE, 1)["cudnn_benchmark_limit"] == 10
+    assert report.effective_options({"cudnn_benchmark": False}, report.NATIVE, 1)["cudnn_benchmark_limit"] is None
+    assert report.effective_options({"cudnn_benchmark": True, "cudnn_benchmark_limit": 0}, report.NATIVE,
+                                    1)["cudnn_benchmark_limit"] == 0
+
+
 def test_long_setup_titles_keep_distinct_plot_names(report):
     title = "CPU (" + "x" * 120 + ") · torch 2 · resnet50 · 32 px · fp32 · contiguous · eager · "
     names = {report.slug(title + "sgd"), report.slug(title + "adam")}

@@ -150,3 +150,23 @@ def test_a_captured_graph_is_freed_before_the_process_group_is_destroyed(native,
     order.clear()
     native.shut_down(None)  # no graph (every other run): only the group
     assert order == ["group destroyed"]
+
+
+def test_cudnn_benchmark_limit_reaches_cudnn_and_what_runs_is_recorded(native, tmp_path, monkeypatch):
+    """--cudnn-benchmark-limit sets torch.backends.cudnn.benchmark_limit; without it PyTorch's own limit is
+    recorded, so that a result always says how many algorithms cuDNN timed per convolution."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark_limit", 10)
+    out = ["--output", str(tmp_path / "r.json")]
+    launch = {"local_rank": 0, "local_world_size": 1}
+
+    def applied(argv):
+        config = resolve_config(native, [*argv, *out], count=1, ddp_world_size=1)
+        native.setup_device(config, launch, 1)
+        return config["cudnn_benchmark_limit"], torch.backends.cudnn.benchmark_limit
+
+    assert applied([]) == (10, 10)
+    assert applied(["--cudnn-benchmark-limit", "0"]) == (0, 0)
+    assert applied(["--no-cudnn-benchmark"])[0] is None  # heuristics: no algorithm is timed

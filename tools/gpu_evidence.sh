@@ -9,7 +9,8 @@
 # the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7), and more below;
 # the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
 # final4; the fourth session's next5, twins6, autotune5 and exit6; the fifth session's s8a, s8b and s8c (next7,
-# prepared in the fourth, was replaced by s8a and s8c and never run); next9 is prepared and has not been run.
+# prepared in the fourth, was replaced by s8a and s8c and never run); next9 is prepared and has not been run;
+# the sixth session's s10a.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -422,6 +423,33 @@ section_next9() {  # prepared for the next device session, not yet run (issue 7)
     "${tuned[@]}"
   bench n9-native-2gpu-bf16-256-compile-cdt-noopt-nobb 0,1 300 "${TWO[@]}" ddp_resnet50.py \
     --compiled-ddp no_optimization --no-broadcast-buffers "${tuned[@]}"
+}
+
+section_s10a() {  # session 6, call 1 (issue 7): where the tuned compiled step spends its time (a kernel profile,
+  # which also fills the Inductor cache), what the stem costs, and whether cuDNN finds faster convolutions when it
+  # may time every algorithm (--cudnn-benchmark-limit 0) instead of PyTorch's 10, eager and compiled
+  local cdt=(--compile --coordinate-descent-tuning) graphs=(--cuda-graphs --warmup-steps 20 --steps 100)
+  local stem=docs/diagnostics/stem/stem_probe.py probe v
+  mkdir -p "$OUT_DIR/diag"
+  run s10-probe-1gpu-bf16-256-compile-cdt 0 420 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+    docs/diagnostics/ddp-scaling/probe.py --out "$OUT_DIR/diag" --name 1gpu-compile-cdt "${cdt[@]}" \
+    --warmup-steps 10 &
+  { for v in "conv 3 10" "conv 3 0" "conv 4 10" "conv 8 10" "conv 8 0" "stem 3 10" "stem 3 0" "stem 8 10"; do
+      read -r -a probe <<<"$v"
+      run "s10-stem-${probe[0]}-c${probe[1]}-l${probe[2]}" 1 120 "$PY" "$stem" --part "${probe[0]}" \
+        --pad-channels "${probe[1]}" --benchmark-limit "${probe[2]}" --json "$OUT_DIR/diag/stem-${v// /-}.json"
+    done
+    run s10-stem-stem-c3-l10-compile 1 200 "$PY" "$stem" --part stem --compile --json "$OUT_DIR/diag/stem-compile.json"
+    bench s10-native-1gpu-bf16-256-a 1 120 "$PY" ddp_resnet50.py "${STEPS[@]}"
+    bench s10-native-1gpu-bf16-256-l0-a 1 180 "$PY" ddp_resnet50.py --cudnn-benchmark-limit 0 "${STEPS[@]}"
+    bench s10-native-1gpu-bf16-256-b 1 120 "$PY" ddp_resnet50.py "${STEPS[@]}"
+    bench s10-native-1gpu-bf16-256-l0-b 1 180 "$PY" ddp_resnet50.py --cudnn-benchmark-limit 0 "${STEPS[@]}"
+  } &
+  wait
+  pair "s10-native-1gpu-bf16-256-compile-cdt-graphs-gpu0 300 ddp_resnet50.py ${cdt[*]} ${graphs[*]}" \
+       "s10-native-1gpu-bf16-256-compile-cdt-graphs-l0-gpu1 300 ddp_resnet50.py ${cdt[*]} ${graphs[*]} --cudnn-benchmark-limit 0"
+  pair "s10-native-1gpu-bf16-256-compile-cdt-graphs-l0-gpu0 300 ddp_resnet50.py ${cdt[*]} ${graphs[*]} --cudnn-benchmark-limit 0" \
+       "s10-native-1gpu-bf16-256-compile-cdt-graphs-gpu1 300 ddp_resnet50.py ${cdt[*]} ${graphs[*]}"
 }
 
 cores_near() {  # cores_near GPU: four cores of the GPU's own NUMA node (from sysfs), or nothing when unknown

@@ -1,0 +1,92 @@
+"""What ResNet-50's stem costs on the GPU, and whether cuDNN finds faster convolutions when it may time more of them.
+
+The eager kernel profile of a 256-image step (../ddp-scaling/profile-1gpu-rank0.json) puts about 5 ms of its
+54 ms in the stem: the 7x7 stride-2 convolution of the 3-channel input (cuDNN pads the input to 8 channels on
+every call), its weight gradient, and the 3x3 max pool forward and backward. This probe times the stem alone,
+forward and backward as in training (bf16 autocast, channels_last, batch 256 at 224 px, the input not requiring
+a gradient), with CUDA events around each iteration after a warm-up, and prints the median and MAD in ms.
+
+    python docs/diagnostics/stem/stem_probe.py --part conv|stem [--pad-channels 3|4|8] [--benchmark-limit N]
+                                               [--compile] [--json FILE]
+
+--part conv times conv1 alone; stem times conv1, bn1, relu and maxpool (the model's own modules, taken from
+torchvision's resnet50). --pad-channels gives the input, and conv1's weight, extra zero channels (what
+MLPerf's ResNet-50 implementations feed their stem) to see what cuDNN's padding costs. --benchmark-limit
+sets torch.backends.cudnn.benchmark_limit (PyTorch's default 10; 0 times every algorithm cuDNN offers).
+One configuration per process: cuDNN keeps the algorithm it picked for a shape for the life of the process.
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import torchvision
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["conv", "stem"], default="stem")
+    parser.add_argument("--pad-channels", type=int, choices=[3, 4, 8], default=3)
+    parser.add_argument("--benchmark-limit", type=int)
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+
+    torch.backends.cudnn.benchmark = True
+    if args.benchmark_limit is not None:
+        torch.backends.cudnn.benchmark_limit = args.benchmark_limit
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None)
+    conv = model.conv1
+    if args.pad_channels != 3:
+        padded = torch.nn.Conv2d(args.pad_channels, 64, 7, 2, 3, bias=False)
+        with torch.no_grad():
+            padded.weight.zero_()
+            padded.weight[:, :3] = conv.weight
+        conv = padded
+    modules = [conv] if args.part == "conv" else [conv, model.bn1, model.relu, model.maxpool]
+    stem = torch.nn.Sequential(*modules).to(device, memory_format=torch.channels_last)
+    if args.compile:
+        stem = torch.compile(stem)
+    images = torch.randn(args.batch, 3, 224, 224, device=device)
+    if args.pad_channels != 3:
+        images = torch.cat([images, images.new_zeros(args.batch, args.pad_channels - 3, 224, 224)], 1)
+    images = images.contiguous(memory_format=torch.channels_last)
+    out_shape = stem(images).shape
+    grad_out = torch.randn(out_shape, device=device, dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last)
+
+    def iteration():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = stem(images)
+        out.backward(grad_out)
+
+    for _ in range(10):
+        iteration()
+    torch.cuda.synchronize()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(args.iterations + 1)]
+    events[0].record()
+    for index in range(args.iterations):
+        iteration()
+        events[index + 1].record()
+    torch.cuda.synchronize()
+    times = [events[i].elapsed_time(events[i + 1]) for i in range(args.iterations)]
+    median = statistics.median(times)
+    mad = statistics.median(abs(t - median) for t in times)
+    result = {"part": args.part, "pad_channels": args.pad_channels, "compile": args.compile,
+              "benchmark_limit": torch.backends.cudnn.benchmark_limit, "batch": args.batch,
+              "median_ms": median, "mad_ms": mad, "min_ms": min(times), "iterations": args.iterations,
+              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "cudnn": torch.backends.cudnn.version()}
+    print(f"stem probe: part {args.part}, {args.pad_channels} input channels, compile {args.compile}, "
+          f"benchmark_limit {result['benchmark_limit']}: median {median:.3f} ms (MAD {mad:.3f}, min {min(times):.3f})")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
