@@ -146,7 +146,7 @@ def positive_int(text):
 def non_negative_int(text):
     value = int(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be zero or a positive integer, got {text}")
     return value
 
 
@@ -1152,13 +1152,6 @@ def strategy_list(text):
     if len(set(names)) < len(names):
         raise argparse.ArgumentTypeError(f"strategy listed twice in {text!r}")
     return names
-
-
-def non_negative_int(text):
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be zero or a positive integer, got {text}")
-    return value
 
 
 def build_parser():

@@ -105,7 +105,7 @@ def positive_int(text):
 def non_negative_int(text):
     value = int(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be zero or a positive integer, got {text}")
     return value
 
 

@@ -46,7 +46,7 @@ CASES = {
                                                      "--cudnn-benchmark-limit", "4"], {}, FAKE_GPU,
                                                     "--cudnn-benchmark-limit needs cuDNN's autotuning"),
     "a negative cuDNN autotuning limit": (["--cudnn-benchmark-limit", "-1"], {}, None,
-                                          "argument --cudnn-benchmark-limit: must be an integer >= 0"),
+                                          "argument --cudnn-benchmark-limit: must be zero or a positive integer"),
     "a timeout beyond a week": (["--timeout", "100000000"], {}, None, "argument --timeout: must be at most 604800"),
 }
 
