@@ -10,7 +10,7 @@
 # the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
 # final4; the fourth session's next5, twins6, autotune5 and exit6; the fifth session's s8a, s8b and s8c (next7,
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 is prepared and has not been run;
-# the sixth session's s10a.
+# the sixth session's s10a and s10b.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -450,6 +450,29 @@ section_s10a() {  # session 6, call 1 (issue 7): where the tuned compiled step s
        "s10-native-1gpu-bf16-256-compile-cdt-graphs-l0-gpu1 300 ddp_resnet50.py ${cdt[*]} ${graphs[*]} --cudnn-benchmark-limit 0"
   pair "s10-native-1gpu-bf16-256-compile-cdt-graphs-l0-gpu0 300 ddp_resnet50.py ${cdt[*]} ${graphs[*]} --cudnn-benchmark-limit 0" \
        "s10-native-1gpu-bf16-256-compile-cdt-graphs-gpu1 300 ddp_resnet50.py ${cdt[*]} ${graphs[*]}"
+}
+
+section_s10b() {  # session 6, call 2: compiled 2-GPU scaling without the buffer broadcast again (issue 7; 97.1 % on
+  # average over two runs in the third session), eager scaling (2), the launch-bound twins at 32 on one GPU with
+  # nothing else running and the host's own counters recorded (3), fsdp_zero2 and the preset once more (4)
+  local noopt=(--compile --compiled-ddp no_optimization --no-broadcast-buffers "${STEPS[@]}") round
+  local small=(--batch-size-per-device 32 --warmup-steps 10 --steps 200)
+  pair "s10-native-1gpu-bf16-256-compile-gpu0 240 ddp_resnet50.py --compile ${STEPS[*]}" \
+       "s10-native-1gpu-bf16-256-compile-gpu1 240 ddp_resnet50.py --compile ${STEPS[*]}"
+  bench s10-native-2gpu-bf16-256-compile-noopt-nobb-a 0,1 200 "${TWO[@]}" ddp_resnet50.py "${noopt[@]}"
+  bench s10-native-2gpu-bf16-256-compile-noopt-nobb-b 0,1 200 "${TWO[@]}" ddp_resnet50.py "${noopt[@]}"
+  pair "s10-native-1gpu-bf16-256-gpu0 120 ddp_resnet50.py ${STEPS[*]}" \
+       "s10-native-1gpu-bf16-256-gpu1 120 ddp_resnet50.py ${STEPS[*]}"
+  bench s10-native-2gpu-bf16-256-nobb-a 0,1 120 "${TWO[@]}" ddp_resnet50.py --no-broadcast-buffers "${STEPS[@]}"
+  bench s10-native-2gpu-bf16-256-nobb-b 0,1 120 "${TWO[@]}" ddp_resnet50.py --no-broadcast-buffers "${STEPS[@]}"
+  for round in 1 2 3; do
+    bench "s10-native-1gpu-bf16-32-r$round" 0 90 "$PY" ddp_resnet50.py "${small[@]}"
+    bench "s10-lightning-1gpu-bf16-32-r$round" 0 120 "$PY" lightning/ddp_resnet50.py "${small[@]}"
+  done
+  bench s10-sharding-2gpu-bf16-256-fsdp2 0,1 150 "${TWO[@]}" oss_benchmark.py --strategy ddp,fsdp_zero2 \
+    --warmup-steps 10 --steps 50
+  bench s10-sharding-2gpu-preset 0,1 150 "${TWO[@]}" oss_benchmark.py --preset fairscale \
+    --strategy ddp,oss_ddp,oss_sharded_ddp "${STEPS[@]}"
 }
 
 cores_near() {  # cores_near GPU: four cores of the GPU's own NUMA node (from sysfs), or nothing when unknown
