@@ -33,7 +33,6 @@ import math
 import os
 import platform
 import re
-import resource
 import signal
 import socket
 import subprocess
@@ -620,11 +619,14 @@ def write_json_atomically(path, payload):
 
 
 def host_counters():
-    """The machine's CPU time by kind (/proc/stat, Linux; None elsewhere) and this process's CPU time and context
-    switches, all threads together."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    counters = {"process_cpu_s": usage.ru_utime + usage.ru_stime, "voluntary_switches": usage.ru_nvcsw,
-                "involuntary_switches": usage.ru_nivcsw, "machine": None}
+    """The machine's CPU time by kind (/proc/stat, Linux) and this process's CPU time and context switches (Unix),
+    all threads together; None where the OS has no such counter."""
+    counters = {"process_cpu_s": time.process_time(), "voluntary_switches": None, "involuntary_switches": None,
+                "machine": None}
+    with contextlib.suppress(ImportError):
+        import resource  # Unix only
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        counters.update(voluntary_switches=usage.ru_nvcsw, involuntary_switches=usage.ru_nivcsw)
     with contextlib.suppress(OSError, ValueError, IndexError):
         with open("/proc/stat", encoding="ascii") as stat:
             fields = stat.readline().split()
@@ -634,20 +636,22 @@ def host_counters():
 
 def host_activity(start, wall_s):
     """What the host did during the timed steps: the share of the machine's CPU time its hypervisor took
-    (steal) and the share spent busy, and this process's CPU seconds per wall second and context switches
-    (involuntary: its threads preempted). A launch-bound step runs at the host's pace; these say what that
-    pace was up against."""
+    (steal) and the share spent running work (neither idle nor stolen), and this process's CPU seconds per wall
+    second and context switches (involuntary: its threads preempted). A launch-bound step runs at the host's
+    pace; these say what that pace was up against."""
     end = host_counters()
     activity = {"process_cpu_per_wall": (end["process_cpu_s"] - start["process_cpu_s"]) / wall_s if wall_s > 0
                 else None,
-                "involuntary_context_switches": end["involuntary_switches"] - start["involuntary_switches"],
-                "voluntary_context_switches": end["voluntary_switches"] - start["voluntary_switches"],
+                "involuntary_context_switches": None if start["involuntary_switches"] is None
+                else end["involuntary_switches"] - start["involuntary_switches"],
+                "voluntary_context_switches": None if start["voluntary_switches"] is None
+                else end["voluntary_switches"] - start["voluntary_switches"],
                 "machine_steal_percent": None, "machine_busy_percent": None}
     if start["machine"] and end["machine"]:
         delta = [b - a for a, b in zip(start["machine"], end["machine"])]
         if sum(delta) > 0:
             activity["machine_steal_percent"] = 100.0 * delta[7] / sum(delta)
-            activity["machine_busy_percent"] = 100.0 * (sum(delta) - delta[3] - delta[4]) / sum(delta)
+            activity["machine_busy_percent"] = 100.0 * sum(delta[:3] + delta[5:7]) / sum(delta)  # not idle, stolen
     return activity
 
 

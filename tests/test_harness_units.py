@@ -245,3 +245,22 @@ def test_tuning_variables_are_recorded_and_nothing_else(native):
 def test_cpu_affinity_is_written_as_ranges(native, monkeypatch):
     monkeypatch.setattr(native.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 8, 10, 11}, raising=False)
     assert native.cpu_affinity() == "0-3,8,10-11"
+
+
+def test_host_activity_shares_and_missing_counters(native, monkeypatch):
+    """Steal and busy shares come from the machine's CPU-time counters over the timed steps; counters the OS does
+    not have stay None instead of failing the run."""
+    start = {"process_cpu_s": 1.0, "voluntary_switches": 10, "involuntary_switches": 2,
+             "machine": [100, 0, 50, 800, 50, 0, 0, 0]}
+    end = {"process_cpu_s": 3.0, "voluntary_switches": 15, "involuntary_switches": 5,
+           "machine": [160, 0, 70, 900, 50, 0, 0, 20]}  # +60 user, +20 system, +100 idle, +20 steal of 200
+    monkeypatch.setattr(native, "host_counters", lambda: end)
+    activity = native.host_activity(start, wall_s=2.0)
+    assert activity == {"process_cpu_per_wall": 1.0, "involuntary_context_switches": 3,
+                        "voluntary_context_switches": 5, "machine_steal_percent": 10.0,
+                        "machine_busy_percent": 40.0}
+    bare = {"process_cpu_s": 1.0, "voluntary_switches": None, "involuntary_switches": None, "machine": None}
+    monkeypatch.setattr(native, "host_counters", lambda: {**bare, "process_cpu_s": 1.5})
+    activity = native.host_activity(bare, wall_s=1.0)
+    assert activity["process_cpu_per_wall"] == 0.5 and activity["machine_steal_percent"] is None
+    assert activity["involuntary_context_switches"] is None and activity["machine_busy_percent"] is None
