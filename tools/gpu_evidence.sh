@@ -10,7 +10,7 @@
 # the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
 # final4; the fourth session's next5, twins6, autotune5 and exit6; the fifth session's s8a, s8b and s8c (next7,
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 is prepared and has not been run;
-# the sixth session's s10a and s10b.
+# the sixth session's s10a, s10b and s10c.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -473,6 +473,16 @@ section_s10b() {  # session 6, call 2: compiled 2-GPU scaling without the buffer
     --warmup-steps 10 --steps 50
   bench s10-sharding-2gpu-preset 0,1 150 "${TWO[@]}" oss_benchmark.py --preset fairscale \
     --strategy ddp,oss_ddp,oss_sharded_ddp "${STEPS[@]}"
+}
+
+section_s10c() {  # session 6, call 6 (issue 7): the stem with its max-pool backward done as a scatter of the output
+  # gradient to the forward's indices, against the module's own backward, eager and compiled, one GPU
+  local stem=docs/diagnostics/stem/stem_probe.py v
+  mkdir -p "$OUT_DIR/diag"
+  for v in "module" "scatter" "module --compile" "scatter --compile"; do
+    run "s10-stem-maxpool-${v// /}" 0 150 "$PY" "$stem" --part stem --maxpool $v \
+      --json "$OUT_DIR/diag/stem-maxpool-${v//[ -]/}.json"
+  done
 }
 
 cores_near() {  # cores_near GPU: four cores of the GPU's own NUMA node (from sysfs), or nothing when unknown

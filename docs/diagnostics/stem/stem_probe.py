@@ -7,12 +7,16 @@ forward and backward as in training (bf16 autocast, channels_last, batch 256 at 
 a gradient), with CUDA events around each iteration after a warm-up, and prints the median and MAD in ms.
 
     python docs/diagnostics/stem/stem_probe.py --part conv|stem [--pad-channels 3|4|8] [--benchmark-limit N]
-                                               [--compile] [--json FILE]
+                                               [--maxpool module|scatter] [--compile] [--json FILE]
+    python docs/diagnostics/stem/stem_probe.py --check     # CPU: the scatter max pool's gradient is the module's
 
 --part conv times conv1 alone; stem times conv1, bn1, relu and maxpool (the model's own modules, taken from
 torchvision's resnet50). --pad-channels gives the input, and conv1's weight, extra zero channels (what
 MLPerf's ResNet-50 implementations feed their stem) to see what cuDNN's padding costs. --benchmark-limit
 sets torch.backends.cudnn.benchmark_limit (PyTorch's default 10; 0 times every algorithm cuDNN offers).
+--maxpool scatter replaces the max pool's backward (one slow kernel in the compiled profile) by a scatter-add of
+the output gradient to the positions the forward's indices name: the same gradient, routed to the same input
+element as PyTorch's own backward, computed as one pass over the output instead of a gather per input element.
 One configuration per process: cuDNN keeps the algorithm it picked for a shape for the life of the process.
 """
 import argparse
@@ -23,16 +27,68 @@ import torch
 import torchvision
 
 
+class ScatterMaxPool(torch.autograd.Function):
+    """3x3, stride 2, padding 1 max pool (ResNet's) whose backward scatters each output gradient to its argmax."""
+
+    @staticmethod
+    def forward(ctx, images):
+        out, indices = torch.ops.aten.max_pool2d_with_indices(images, [3, 3], [2, 2], [1, 1])
+        ctx.save_for_backward(indices)
+        ctx.input_shape = images.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (indices,) = ctx.saved_tensors
+        n, c, h, w = ctx.input_shape
+        layout = torch.channels_last if indices.is_contiguous(memory_format=torch.channels_last) and not \
+            indices.is_contiguous() else torch.contiguous_format
+        grad_in = torch.empty((n, c, h, w), dtype=grad_out.dtype, device=grad_out.device, memory_format=layout).zero_()
+        grad_out = grad_out.contiguous(memory_format=layout)
+        # H and W merge into one dimension in either layout (W's stride times W is H's stride)
+        grad_in.view(n, c, h * w).scatter_add_(2, indices.view(n, c, -1), grad_out.view(n, c, -1))
+        return grad_in
+
+
+class ScatterMaxPoolModule(torch.nn.Module):
+    def forward(self, images):
+        return ScatterMaxPool.apply(images)
+
+
+def check():
+    """On the CPU in float64: the scatter max pool gives the module's output and gradient, ties included."""
+    torch.manual_seed(0)
+    for layout in (torch.contiguous_format, torch.channels_last):
+        images = torch.relu(torch.randn(4, 8, 30, 30, dtype=torch.float64)).round(decimals=1)  # many ties
+        images = images.contiguous(memory_format=layout)
+        reference = images.clone().requires_grad_(True)
+        candidate = images.clone().requires_grad_(True)
+        out_ref = torch.nn.MaxPool2d(3, 2, 1)(reference)
+        out_new = ScatterMaxPool.apply(candidate)
+        grad = torch.randn_like(out_ref)
+        out_ref.backward(grad)
+        out_new.backward(grad)
+        assert torch.equal(out_ref, out_new), "forward differs"
+        difference = (reference.grad - candidate.grad).abs().max().item()
+        assert difference < 1e-12, f"gradient differs by {difference}"
+        print(f"check {layout}: forward equal, gradient max difference {difference:.1e}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["conv", "stem"], default="stem")
     parser.add_argument("--pad-channels", type=int, choices=[3, 4, 8], default=3)
     parser.add_argument("--benchmark-limit", type=int)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--maxpool", choices=["module", "scatter"], default="module")
+    parser.add_argument("--check", action="store_true")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.check:
+        check()
+        return
 
     torch.backends.cudnn.benchmark = True
     if args.benchmark_limit is not None:
@@ -47,7 +103,8 @@ def main():
             padded.weight.zero_()
             padded.weight[:, :3] = conv.weight
         conv = padded
-    modules = [conv] if args.part == "conv" else [conv, model.bn1, model.relu, model.maxpool]
+    maxpool = ScatterMaxPoolModule() if args.maxpool == "scatter" else model.maxpool
+    modules = [conv] if args.part == "conv" else [conv, model.bn1, model.relu, maxpool]
     stem = torch.nn.Sequential(*modules).to(device, memory_format=torch.channels_last)
     if args.compile:
         stem = torch.compile(stem)
@@ -76,12 +133,13 @@ def main():
     times = [events[i].elapsed_time(events[i + 1]) for i in range(args.iterations)]
     median = statistics.median(times)
     mad = statistics.median(abs(t - median) for t in times)
-    result = {"part": args.part, "pad_channels": args.pad_channels, "compile": args.compile,
+    result = {"part": args.part, "pad_channels": args.pad_channels, "compile": args.compile, "maxpool": args.maxpool,
               "benchmark_limit": torch.backends.cudnn.benchmark_limit, "batch": args.batch,
               "median_ms": median, "mad_ms": mad, "min_ms": min(times), "iterations": args.iterations,
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version()}
-    print(f"stem probe: part {args.part}, {args.pad_channels} input channels, compile {args.compile}, "
+    print(f"stem probe: part {args.part}, {args.pad_channels} input channels, max pool {args.maxpool}, "
+          f"compile {args.compile}, "
           f"benchmark_limit {result['benchmark_limit']}: median {median:.3f} ms (MAD {mad:.3f}, min {min(times):.3f})")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
