@@ -480,8 +480,8 @@ section_s10c() {  # session 6, call 6 (issue 7): the stem with its max-pool back
   local stem=docs/diagnostics/stem/stem_probe.py v
   mkdir -p "$OUT_DIR/diag"
   for v in "module" "scatter" "module --compile" "scatter --compile"; do
-    run "s10-stem-maxpool-${v// /}" 0 150 "$PY" "$stem" --part stem --maxpool $v \
-      --json "$OUT_DIR/diag/stem-maxpool-${v//[ -]/}.json"
+    run "s10-stem-maxpool-${v// --/-}" 0 150 "$PY" "$stem" --part stem --maxpool $v \
+      --json "$OUT_DIR/diag/stem-maxpool-${v// --/-}.json"
   done
 }
 
