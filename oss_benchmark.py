@@ -697,8 +697,10 @@ def host_activity(start, wall_s):
 
 
 def start_clock():
-    """The start of the timed steps: the host clock and the host's counters (close_record() takes both)."""
-    return {"time": time.perf_counter(), "host": host_counters()}
+    """The start of the timed steps: the host's counters, then the host clock (close_record() takes both; the
+    counters are read first so that the timed wall time does not include reading them)."""
+    host = host_counters()
+    return {"time": time.perf_counter(), "host": host}
 
 
 class StepTimer:
