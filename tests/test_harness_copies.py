@@ -50,3 +50,12 @@ def test_the_sync_tool_renumbers_the_lightning_code_map(tmp_path, monkeypatch):
     assert tool.renumber_code_map() is True
     assert copy.read_text() == readme  # the committed README is right (test_lightning checks it against the file)
     assert tool.renumber_code_map() is False
+
+
+def test_the_sync_tool_names_a_code_map_entry_it_cannot_find(tmp_path, monkeypatch):
+    tool = load_script(SYNC, "sync_harness_under_test")
+    copy = tmp_path / "README.md"
+    copy.write_text("| `no_such_function()` — line 12 | gone |\n")
+    monkeypatch.setattr(tool, "TWIN_README", copy)
+    with pytest.raises(SystemExit, match="names no_such_function\\(\\), which ddp_resnet50.py no longer defines"):
+        tool.renumber_code_map()

@@ -40,7 +40,11 @@ def renumber_code_map():
 
     def line_of(method, name):
         pattern = rf"    def {name}\b" if method else rf"(def|class) {name}\b"
-        return next(i for i, text in enumerate(source, 1) if re.match(pattern, text) and (not method or i > module_class))
+        found = [i for i, text in enumerate(source, 1) if re.match(pattern, text) and (not method or i > module_class)]
+        if not found:
+            sys.exit(f"sync_harness.py: lightning/README.md's code map names {name}(), which {TWIN.name} no longer "
+                     f"defines: fix the map by hand")
+        return found[0]
 
     readme = TWIN_README.read_text()
     updated = re.sub(r"`(ResNet50Benchmark\.)?(\w+)(\(\))?` — line \d+",
