@@ -170,3 +170,20 @@ def test_cudnn_benchmark_limit_reaches_cudnn_and_what_runs_is_recorded(native, t
     assert applied([]) == (10, 10)
     assert applied(["--cudnn-benchmark-limit", "0"]) == (0, 0)
     assert applied(["--no-cudnn-benchmark"])[0] is None  # heuristics: no algorithm is timed
+
+
+def test_the_stem_probes_scatter_max_pool_gives_the_modules_gradient():
+    """docs/diagnostics/stem/README.md reports a max-pool backward written as a scatter; its claim that the
+    gradient is the module's (ties included, both memory layouts) is checked here, on the CPU in float64."""
+    from conftest import ROOT, load_script
+    probe = load_script(ROOT / "docs" / "diagnostics" / "stem" / "stem_probe.py", "stem_probe_under_test")
+    probe.check()  # asserts equal outputs and gradients
+    import torch
+    images = torch.tensor([[[[1.0, 5.0, 5.0], [0.0, 2.0, 5.0], [3.0, 1.0, 4.0]]]], requires_grad=True)
+    probe.ScatterMaxPool.apply(images).sum().backward()
+    # a 2x2 output over a 3x3 input (3x3 windows, stride 2, padding 1): the top windows both pick the first 5 in
+    # scan order, (0, 1), although the top-right window holds three 5s; the bottom ones pick 3 and the 5 at (1, 2)
+    assert images.grad.tolist() == [[[[0.0, 2.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]]]
+    reference = images.detach().clone().requires_grad_(True)
+    torch.nn.MaxPool2d(3, 2, 1)(reference).sum().backward()
+    assert torch.equal(reference.grad, images.grad)

@@ -21,10 +21,14 @@ One configuration per process: cuDNN keeps the algorithm it picked for a shape f
 """
 import argparse
 import json
-import statistics
+import pathlib
+import sys
 
 import torch
 import torchvision
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
+import ddp_resnet50 as bench  # noqa: E402  (the harness's median and MAD)
 
 
 class ScatterMaxPool(torch.autograd.Function):
@@ -89,6 +93,8 @@ def main():
     if args.check:
         check()
         return
+    if not torch.cuda.is_available():
+        parser.error("times the stem on a CUDA GPU and none is visible (--check runs on the CPU)")
 
     torch.backends.cudnn.benchmark = True
     if args.benchmark_limit is not None:
@@ -131,8 +137,8 @@ def main():
         events[index + 1].record()
     torch.cuda.synchronize()
     times = [events[i].elapsed_time(events[i + 1]) for i in range(args.iterations)]
-    median = statistics.median(times)
-    mad = statistics.median(abs(t - median) for t in times)
+    stats = bench.summarize(times)
+    median, mad = stats["median"], stats["mad"]
     result = {"part": args.part, "pad_channels": args.pad_channels, "compile": args.compile, "maxpool": args.maxpool,
               "benchmark_limit": torch.backends.cudnn.benchmark_limit, "batch": args.batch,
               "median_ms": median, "mad_ms": mad, "min_ms": min(times), "iterations": args.iterations,
