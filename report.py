@@ -60,7 +60,7 @@ SETUP_FIELDS = ("device", "device_name", "torch", "model", "image_size", "precis
                 "compile_mode", "optimizer")
 # Options that a result carries only when they were given: their absence is the default, not worth a word.
 ABSENT_BY_DEFAULT = {"inductor_environment"}
-TORCH_CUDNN_BENCHMARK_LIMIT = 10  # torch.backends.cudnn.benchmark_limit's default (torch 1.13 to 2.11 at least)
+TORCH_CUDNN_BENCHMARK_LIMIT = 10  # torch.backends.cudnn.benchmark_limit's default (seen in torch 2.11 and 2.14)
 RUN_FIELDS = ("benchmark", "strategy", "options", "num_nodes", "world_size", "batch_mode",
               "batch_size_per_device", "global_batch_size")
 Config = namedtuple("Config", SETUP_FIELDS + RUN_FIELDS)
