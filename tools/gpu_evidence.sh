@@ -452,7 +452,7 @@ section_s10a() {  # session 6, call 1 (issue 7): where the tuned compiled step s
        "s10-native-1gpu-bf16-256-compile-cdt-graphs-gpu1 300 ddp_resnet50.py ${cdt[*]} ${graphs[*]}"
 }
 
-section_s10b() {  # session 6, call 2: compiled 2-GPU scaling without the buffer broadcast again (issue 7; 97.1 % on
+section_s10b() {  # session 6, call 4: compiled 2-GPU scaling without the buffer broadcast again (issue 7; 97.1 % on
   # average over two runs in the third session), eager scaling (2), the launch-bound twins at 32 on one GPU with
   # nothing else running and the host's own counters recorded (3), fsdp_zero2 and the preset once more (4)
   local noopt=(--compile --compiled-ddp no_optimization --no-broadcast-buffers "${STEPS[@]}") round
