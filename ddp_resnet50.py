@@ -159,6 +159,9 @@ def add_harness_arguments(parser):
     parser.add_argument("--cudnn-benchmark-limit", type=non_negative_int,
                         help="with cuDNN's autotuning, how many of its candidate algorithms per convolution to time "
                              "(PyTorch's default: 10, in the order of cuDNN's heuristics); 0 times every one")
+    parser.add_argument("--steps-per-epoch", type=positive_int, metavar="K",
+                        help="also report throughput per epoch of K timed steps, median and MAD over the epochs "
+                             "(rank 0), the statistic fairscale's benchmark prints; needs --steps of 3 K or more")
     parser.add_argument("--timeout", type=timeout_seconds, default=300,
                         help="seconds a collective may wait for the other ranks before the run fails (default 300)")
     # Test hooks: make one rank fail on purpose (desync, oom, crash) to prove the failure paths.
@@ -410,6 +413,9 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
     if args.cudnn_benchmark_limit is not None and (device_type != "cuda" or args.cudnn_benchmark is False):
         raise UsageError("--cudnn-benchmark-limit needs cuDNN's autotuning: --device cuda without "
                          "--no-cudnn-benchmark")
+    if args.steps_per_epoch is not None and args.steps < 3 * args.steps_per_epoch:
+        raise UsageError(f"--steps-per-epoch {args.steps_per_epoch} needs --steps >= {3 * args.steps_per_epoch} "
+                         f"(got {args.steps}): a median and MAD over at least three epochs")
     output = args.output if args.output is not None else os.path.join("runs", f"{os.path.splitext(os.path.basename(BENCHMARK))[0]}-{strategy}-"
                                                  f"{launch['world_size']}{device_type}-{precision}-"
                                                  f"{launch.get('slurm_job_id') or os.getpid()}.json")
@@ -426,7 +432,8 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
         "compile": compile_mode is not None, "compile_mode": compile_mode,
         "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
         "cudnn_benchmark": device_type == "cuda" and args.cudnn_benchmark is not False,
-        "cudnn_benchmark_limit": args.cudnn_benchmark_limit, "timeout_s": args.timeout,
+        "cudnn_benchmark_limit": args.cudnn_benchmark_limit, "steps_per_epoch": args.steps_per_epoch,
+        "timeout_s": args.timeout,
         "output": os.path.abspath(output), "overwrite": args.overwrite,
         "inject_fault": args.inject_fault, "inject_fault_rank": args.inject_fault_rank,
         "inject_fault_step": args.inject_fault_step,
@@ -467,6 +474,18 @@ def summarize(values):
     return {"count": len(values), "mean": sum(values) / len(values), "median": centre,
             "p90": percentile(values, 90), "p99": percentile(values, 99), "min": min(values), "max": max(values),
             "mad": median([abs(v - centre) for v in values])}
+
+
+def epoch_throughput(step_times_ms, steps_per_epoch, images_per_step):
+    """Images per second of each whole epoch of steps_per_epoch consecutive steps (their summed times), with
+    their median and MAD: fairscale's benchmark statistic, which averages over an epoch what a per-step MAD
+    shows step by step. Steps after the last whole epoch are left out and counted."""
+    epochs = [images_per_step * steps_per_epoch / (sum(step_times_ms[start:start + steps_per_epoch]) / 1e3)
+              for start in range(0, len(step_times_ms) - steps_per_epoch + 1, steps_per_epoch)]
+    centre = median(epochs) if epochs else None
+    return {"steps_per_epoch": steps_per_epoch, "count": len(epochs),
+            "steps_left_out": len(step_times_ms) - len(epochs) * steps_per_epoch, "images_per_second": epochs,
+            "median": centre, "mad": median([abs(v - centre) for v in epochs]) if epochs else None}
 
 
 def mib(num_bytes):
@@ -823,6 +842,9 @@ def complete_result(result, per_rank, global_batch, flops_per_image):
         "images_per_second": images_per_second, "images_per_second_per_device": images_per_second / world_size,
         "rank0_median_images_per_second": rank0_summary["median"], "rank0_mad_images_per_second": rank0_summary["mad"],
         "timed_steps": steps_done, "timed_wall_s": wall}
+    if result["throughput"] and result["config"].get("steps_per_epoch"):
+        result["throughput"]["rank0_epochs"] = epoch_throughput(
+            rank0["step_times_ms"], result["config"]["steps_per_epoch"], global_batch)
     result["step_time_ms"] = summarize(pooled)
     result["step_times_ms_per_rank"] = [r["step_times_ms"] for r in per_rank]
     leads = [r.get("host_lead_ms") for r in per_rank]
@@ -878,6 +900,10 @@ def print_summary_table(result):
           f"{throughput['images_per_second_per_device']:,.0f} | {steps['median']:.2f} | {steps['p90']:.2f} | "
           f"{steps['mad']:.2f} | {'-' if peak is None else f'{peak:,.0f}'} | "
           f"{'-' if mfu is None else f'{mfu:.1%}'} | {result['status']} |", flush=True)
+    epochs = throughput.get("rank0_epochs")
+    if epochs and epochs["count"]:
+        print(f"per epoch of {epochs['steps_per_epoch']} steps (rank 0, {epochs['count']} epochs): "
+              f"{epochs['median']:,.0f} ± {epochs['mad']:,.0f} img/s (median ± MAD)", flush=True)
     host = (result["host_cpu_per_rank"] or [None])[0]
     if host and host["machine_steal_percent"] is not None:
         print(f"host during the timed steps (rank 0): machine busy {host['machine_busy_percent']:.0f} %, stolen by "

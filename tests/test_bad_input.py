@@ -47,6 +47,8 @@ CASES = {
                                                     "--cudnn-benchmark-limit needs cuDNN's autotuning"),
     "a negative cuDNN autotuning limit": (["--cudnn-benchmark-limit", "-1"], {}, None,
                                           "argument --cudnn-benchmark-limit: must be zero or a positive integer"),
+    "fewer than three epochs": (["--steps-per-epoch", "3", "--steps", "8"], {}, None,
+                                "--steps-per-epoch 3 needs --steps >= 9 (got 8)"),
     "a timeout beyond a week": (["--timeout", "100000000"], {}, None, "argument --timeout: must be at most 604800"),
 }
 

@@ -31,6 +31,16 @@ def test_statistics_match_the_textbook_definitions(native):
     assert native.median([1, 2, 3, 10]) == 2.5
 
 
+def test_epoch_throughput_is_fairscales_statistic_over_whole_epochs(native):
+    """Each whole epoch's images over its summed step times; the steps after the last whole epoch are counted
+    as left out, not averaged in."""
+    epochs = native.epoch_throughput([10.0, 10.0, 20.0, 20.0, 10.0, 10.0, 5.0], 2, 4)
+    assert epochs == {"steps_per_epoch": 2, "count": 3, "steps_left_out": 1,
+                      "images_per_second": [400.0, 200.0, 400.0], "median": 400.0, "mad": 0.0}
+    assert native.epoch_throughput([10.0], 2, 4) == {"steps_per_epoch": 2, "count": 0, "steps_left_out": 1,
+                                                     "images_per_second": [], "median": None, "mad": None}
+
+
 @pytest.mark.parametrize("requested,device,bf16,expected", [
     ("auto", "cpu", False, "fp32"), ("bf16", "cpu", False, "bf16"), ("auto", "cuda", True, "bf16"),
     ("auto", "cuda", False, "fp16"), ("fp32", "cuda", True, "fp32"), ("fp16", "cuda", True, "fp16"),

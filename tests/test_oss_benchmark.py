@@ -3,6 +3,7 @@ preset; the table rebuilt from the result files; bad input (one line, exit 2, no
 import json
 import math
 import re
+import statistics
 
 import pytest
 import torch
@@ -187,11 +188,14 @@ def test_preset_fills_what_was_not_given_and_reports_overrides(script):
     assert args.batch_size_per_device is None and args.optimizer == "adam" and args.model == "resnet101"
 
 
-def test_preset_end_to_end_with_a_small_batch(tmp_path):
+def test_preset_end_to_end_with_a_small_batch(script, tmp_path, capsys):
+    """The preset with fairscale's own statistic (throughput per epoch, median and MAD over the epochs) beside
+    the per-step one, in the result, the summary and the table."""
     output = tmp_path / "preset.json"
     proc = run_script(OSS, ["--preset", "fairscale", "--device", "cpu", "--strategy", "oss_sharded_ddp",
-                            "--batch-size-per-device", "2", "--warmup-steps", "1", "--steps", "1",
-                            "--phase-steps", "0", "--profile-steps", "0", "--output", str(output)], nproc=2)
+                            "--batch-size-per-device", "2", "--warmup-steps", "1", "--steps", "7",
+                            "--steps-per-epoch", "2", "--phase-steps", "0", "--profile-steps", "0",
+                            "--output", str(output)], nproc=2)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert ("note: --preset fairscale: --batch-size-per-device 2 given explicitly overrides the preset's 256"
             in proc.stdout)
@@ -206,6 +210,18 @@ def test_preset_end_to_end_with_a_small_batch(tmp_path):
     assert memory["optimizer_state_tensors_per_parameter"] == 2  # RMSprop with momentum: square_avg + momentum
     assert memory["optimizer_state_bytes_per_rank"] == memory["expected_optimizer_state_bytes_per_rank"]
     assert result["analysis"]["parameters"] == 44_549_160  # resnet101
+    epochs, steps = result["throughput"]["rank0_epochs"], result["step_times_ms_per_rank"][0]
+    assert (config["steps_per_epoch"], epochs["steps_per_epoch"], epochs["count"], epochs["steps_left_out"]) == \
+        (2, 2, 3, 1)
+    assert epochs["images_per_second"] == pytest.approx([4 * 2 / (sum(steps[i:i + 2]) / 1e3) for i in (0, 2, 4)])
+    assert epochs["median"] == statistics.median(epochs["images_per_second"])
+    assert epochs["mad"] == statistics.median([abs(v - epochs["median"]) for v in epochs["images_per_second"]])
+    assert f"per epoch of 2 steps (rank 0, 3 epochs): {epochs['median']:,.0f} ± {epochs['mad']:,.0f}" in proc.stdout
+    capsys.readouterr()
+    assert script.main(["--table", str(output)]) == 0
+    table = capsys.readouterr().out
+    assert "| per epoch of 2 steps: median ± MAD (epochs) |" in table
+    assert f"| {epochs['median']:,.0f} ± {epochs['mad']:,.0f} (3) |" in table
 
 
 def bad_input(args, tmp_path, env=None):

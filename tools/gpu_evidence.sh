@@ -10,7 +10,7 @@
 # the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
 # final4; the fourth session's next5, twins6, autotune5 and exit6; the fifth session's s8a, s8b and s8c (next7,
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 is prepared and has not been run;
-# the sixth session's s10a, s10b and s10c.
+# the sixth session's s10a, s10b and s10c; the seventh's s11a and s11b.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -483,6 +483,31 @@ section_s10c() {  # session 6, call 6 (issue 7): the stem with its max-pool back
     run "s10-stem-maxpool-${v// --/-}" 0 150 "$PY" "$stem" --part stem --maxpool $v \
       --json "$OUT_DIR/diag/stem-maxpool-${v// --/-}.json"
   done
+}
+
+section_s11a() {  # session 7, call 1 (issue 4): the fairscale preset timed as fairscale's benchmark times it, ten
+  # epochs of 117 steps (MNIST's 60,000 images over 2 ranks at 256), so that its spread (median and MAD over the
+  # epochs) compares like for like with fairscale's; then ddp against fsdp_zero2 once more
+  bench s11-sharding-2gpu-preset-epochs 0,1 420 "${TWO[@]}" oss_benchmark.py --preset fairscale \
+    --strategy ddp,oss_ddp,oss_sharded_ddp --warmup-steps 10 --steps 1170 --steps-per-epoch 117
+  bench s11-sharding-2gpu-bf16-256-fsdp2 0,1 120 "${TWO[@]}" oss_benchmark.py --strategy ddp,fsdp_zero2 \
+    --warmup-steps 10 --steps 50
+}
+
+section_s11b() {  # session 7, call 2 (issues 7 and 2): does compiled 2-GPU scaling lose to the two ranks' different
+  # cuDNN algorithm draws? One-GPU pairs and 2-GPU runs with cuDNN autotuning (per process) and without (cuDNN's
+  # heuristics, the same algorithms in every process); then eager scaling without the buffer broadcast again
+  local noopt=(--compile --compiled-ddp no_optimization --no-broadcast-buffers "${STEPS[@]}")
+  pair "s11-native-1gpu-bf16-256-compile-gpu0 240 ddp_resnet50.py --compile ${STEPS[*]}" \
+       "s11-native-1gpu-bf16-256-compile-gpu1 240 ddp_resnet50.py --compile ${STEPS[*]}"
+  pair "s11-native-1gpu-bf16-256-compile-nobench-gpu0 200 ddp_resnet50.py --compile --no-cudnn-benchmark ${STEPS[*]}" \
+       "s11-native-1gpu-bf16-256-compile-nobench-gpu1 200 ddp_resnet50.py --compile --no-cudnn-benchmark ${STEPS[*]}"
+  bench s11-native-2gpu-bf16-256-compile-noopt-nobb 0,1 200 "${TWO[@]}" ddp_resnet50.py "${noopt[@]}"
+  bench s11-native-2gpu-bf16-256-compile-noopt-nobb-nobench 0,1 200 "${TWO[@]}" ddp_resnet50.py "${noopt[@]}" \
+    --no-cudnn-benchmark
+  pair "s11-native-1gpu-bf16-256-gpu0 120 ddp_resnet50.py ${STEPS[*]}" \
+       "s11-native-1gpu-bf16-256-gpu1 120 ddp_resnet50.py ${STEPS[*]}"
+  bench s11-native-2gpu-bf16-256-nobb 0,1 120 "${TWO[@]}" ddp_resnet50.py --no-broadcast-buffers "${STEPS[@]}"
 }
 
 cores_near() {  # cores_near GPU: four cores of the GPU's own NUMA node (from sysfs), or nothing when unknown
