@@ -10,7 +10,7 @@
 # the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
 # final4; the fourth session's next5, twins6, autotune5 and exit6; the fifth session's s8a, s8b and s8c (next7,
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 is prepared and has not been run;
-# the sixth session's s10a, s10b and s10c; the seventh's s11a, s11b and s11c.
+# the sixth session's s10a, s10b and s10c; the seventh's s11a, s11b, s11c and s11d.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -517,6 +517,16 @@ section_s11c() {  # session 7, call 3 (issue 7): the compiled 2-GPU runs of s11b
     --compiled-ddp ddp_optimizer --bucket-cap-mb 50 --no-broadcast-buffers "${STEPS[@]}"
   bench s11-native-2gpu-bf16-256-compile-noopt-nobb-b 0,1 150 "${TWO[@]}" ddp_resnet50.py "${noopt[@]}"
   bench s11-native-2gpu-bf16-256-nobb-b 0,1 120 "${TWO[@]}" ddp_resnet50.py --no-broadcast-buffers "${STEPS[@]}"
+}
+
+section_s11d() {  # session 7, call 4 (issue 7): ddp_optimizer with 50 MB buckets twice more, between one-GPU pairs
+  local b50=(--compile --compiled-ddp ddp_optimizer --bucket-cap-mb 50 --no-broadcast-buffers "${STEPS[@]}")
+  pair "s11-native-1gpu-bf16-256-compile-gpu0-b 150 ddp_resnet50.py --compile ${STEPS[*]}" \
+       "s11-native-1gpu-bf16-256-compile-gpu1-b 150 ddp_resnet50.py --compile ${STEPS[*]}"
+  bench s11-native-2gpu-bf16-256-compile-ddpopt-b50-nobb-b 0,1 150 "${TWO[@]}" ddp_resnet50.py "${b50[@]}"
+  bench s11-native-2gpu-bf16-256-compile-ddpopt-b50-nobb-c 0,1 150 "${TWO[@]}" ddp_resnet50.py "${b50[@]}"
+  pair "s11-native-1gpu-bf16-256-compile-gpu0-c 150 ddp_resnet50.py --compile ${STEPS[*]}" \
+       "s11-native-1gpu-bf16-256-compile-gpu1-c 150 ddp_resnet50.py --compile ${STEPS[*]}"
 }
 
 cores_near() {  # cores_near GPU: four cores of the GPU's own NUMA node (from sysfs), or nothing when unknown
