@@ -10,7 +10,7 @@
 # the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
 # final4; the fourth session's next5, twins6, autotune5 and exit6; the fifth session's s8a, s8b and s8c (next7,
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 is prepared and has not been run;
-# the sixth session's s10a, s10b and s10c; the seventh's s11a, s11b, s11c and s11d.
+# the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -527,6 +527,19 @@ section_s11d() {  # session 7, call 4 (issue 7): ddp_optimizer with 50 MB bucket
   bench s11-native-2gpu-bf16-256-compile-ddpopt-b50-nobb-c 0,1 150 "${TWO[@]}" ddp_resnet50.py "${b50[@]}"
   pair "s11-native-1gpu-bf16-256-compile-gpu0-c 150 ddp_resnet50.py --compile ${STEPS[*]}" \
        "s11-native-1gpu-bf16-256-compile-gpu1-c 150 ddp_resnet50.py --compile ${STEPS[*]}"
+}
+
+section_s11e() {  # session 7, call 5 (issue 7): compiled autograd (--compiled-ddp python_reducer) traces DDP's reducer
+  # into the compiled backward, but walks the autograd graph on the host every step (6,293 img/s, host-bound, in the
+  # fifth session); captured in a CUDA graph that host walk runs once. Against the captured one-GPU pair and the
+  # captured no_optimization run on the same machine
+  local graphs=(--compile --cuda-graphs --warmup-steps 20 --steps 100)
+  pair "s11-native-1gpu-bf16-256-compile-graphs-gpu0 150 ddp_resnet50.py ${graphs[*]}" \
+       "s11-native-1gpu-bf16-256-compile-graphs-gpu1 150 ddp_resnet50.py ${graphs[*]}"
+  bench s11-native-2gpu-bf16-256-compile-pyreducer-graphs-nobb 0,1 240 "${TWO[@]}" ddp_resnet50.py \
+    --compiled-ddp python_reducer --no-broadcast-buffers "${graphs[@]}"
+  bench s11-native-2gpu-bf16-256-compile-noopt-graphs-nobb 0,1 110 "${TWO[@]}" ddp_resnet50.py \
+    --compiled-ddp no_optimization --no-broadcast-buffers "${graphs[@]}"
 }
 
 cores_near() {  # cores_near GPU: four cores of the GPU's own NUMA node (from sysfs), or nothing when unknown
