@@ -489,10 +489,10 @@ def epoch_throughput(step_times_ms, steps_per_epoch, images_per_step):
     shows step by step. Steps after the last whole epoch are left out and counted."""
     epochs = [images_per_step * steps_per_epoch / (sum(step_times_ms[start:start + steps_per_epoch]) / 1e3)
               for start in range(0, len(step_times_ms) - steps_per_epoch + 1, steps_per_epoch)]
-    centre = median(epochs) if epochs else None
+    stats = summarize(epochs) or {"median": None, "mad": None}
     return {"steps_per_epoch": steps_per_epoch, "count": len(epochs),
             "steps_left_out": len(step_times_ms) - len(epochs) * steps_per_epoch, "images_per_second": epochs,
-            "median": centre, "mad": median([abs(v - centre) for v in epochs]) if epochs else None}
+            "median": stats["median"], "mad": stats["mad"]}
 
 
 def mib(num_bytes):

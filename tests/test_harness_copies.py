@@ -57,5 +57,5 @@ def test_the_sync_tool_names_a_code_map_entry_it_cannot_find(tmp_path, monkeypat
     copy = tmp_path / "README.md"
     copy.write_text("| `no_such_function()` — line 12 | gone |\n")
     monkeypatch.setattr(tool, "TWIN_README", copy)
-    with pytest.raises(SystemExit, match="names no_such_function\\(\\), which ddp_resnet50.py no longer defines"):
+    with pytest.raises(SystemExit, match="names no_such_function\\(\\), which lightning/ddp_resnet50.py no longer defines"):
         tool.renumber_code_map()

@@ -187,3 +187,16 @@ def test_the_stem_probes_scatter_max_pool_gives_the_modules_gradient():
     reference = images.detach().clone().requires_grad_(True)
     torch.nn.MaxPool2d(3, 2, 1)(reference).sum().backward()
     assert torch.equal(reference.grad, images.grad)
+
+
+@pytest.mark.parametrize("argv,rule", [(["--batch", "0"], "argument --batch: must be a positive integer"),
+                                       (["--iterations", "-3"], "argument --iterations: must be a positive integer"),
+                                       (["--benchmark-limit", "-1"],
+                                        "argument --benchmark-limit: must be zero or a positive integer")])
+def test_the_stem_probe_refuses_bad_numbers_in_one_line(argv, rule, tmp_path):
+    from conftest import ROOT
+    output = tmp_path / "stem.json"
+    proc = run_script(ROOT / "docs" / "diagnostics" / "stem" / "stem_probe.py", [*argv, "--json", str(output)])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and rule in lines[0], proc.stderr
+    assert not output.exists()

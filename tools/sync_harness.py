@@ -42,7 +42,7 @@ def renumber_code_map():
         pattern = rf"    def {name}\b" if method else rf"(def|class) {name}\b"
         found = [i for i, text in enumerate(source, 1) if re.match(pattern, text) and (not method or i > module_class)]
         if not found:
-            sys.exit(f"sync_harness.py: lightning/README.md's code map names {name}(), which {TWIN.name} no longer "
+            sys.exit(f"sync_harness.py: lightning/README.md's code map names {name}(), which {TWIN.relative_to(ROOT)} no longer "
                      f"defines: fix the map by hand")
         return found[0]
 

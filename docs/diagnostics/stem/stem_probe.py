@@ -20,7 +20,6 @@ element as PyTorch's own backward, computed as one pass over the output instead 
 One configuration per process: cuDNN keeps the algorithm it picked for a shape for the life of the process.
 """
 import argparse
-import json
 import pathlib
 import sys
 
@@ -78,16 +77,21 @@ def check():
         print(f"check {layout}: forward equal, gradient max difference {difference:.1e}")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):  # one line naming the rule, exit 2 (argparse adds a usage line)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["conv", "stem"], default="stem")
     parser.add_argument("--pad-channels", type=int, choices=[3, 4, 8], default=3)
-    parser.add_argument("--benchmark-limit", type=int)
+    parser.add_argument("--benchmark-limit", type=bench.non_negative_int)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--maxpool", choices=["module", "scatter"], default="module")
     parser.add_argument("--check", action="store_true")
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--batch", type=bench.positive_int, default=256)
+    parser.add_argument("--iterations", type=bench.positive_int, default=100)
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.check:
@@ -148,8 +152,7 @@ def main():
           f"compile {args.compile}, "
           f"benchmark_limit {result['benchmark_limit']}: median {median:.3f} ms (MAD {mad:.3f}, min {min(times):.3f})")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=1)
+        bench.write_json_atomically(args.json, result)
 
 
 if __name__ == "__main__":
