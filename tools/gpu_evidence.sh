@@ -511,7 +511,7 @@ section_s11b() {  # session 7, call 2 (issues 7 and 2): does compiled 2-GPU scal
 }
 
 section_s11c() {  # session 7, call 3 (issue 7): the compiled 2-GPU runs of s11b again, and PyTorch's ddp_optimizer with
-  # buckets of 50 MB (two pieces: half the all-reduce overlapped with backward, one graph break instead of four)
+  # buckets of 50 MB (fewer graph pieces than with 25 MB, the earlier buckets' all-reduce still overlapped)
   local noopt=(--compile --compiled-ddp no_optimization --no-broadcast-buffers "${STEPS[@]}")
   bench s11-native-2gpu-bf16-256-compile-ddpopt-b50-nobb 0,1 200 "${TWO[@]}" ddp_resnet50.py --compile \
     --compiled-ddp ddp_optimizer --bucket-cap-mb 50 --no-broadcast-buffers "${STEPS[@]}"
