@@ -717,11 +717,17 @@ def host_activity(start, wall_s):
     return activity
 
 
+def utc_text(seconds):
+    """A Unix time as UTC text to the millisecond, to line a run's timed steps up with GPU telemetry."""
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
 def start_clock():
     """The start of the timed steps: the host's counters, then the host clock (close_record() takes both; the
     counters are read first so that the timed wall time does not include reading them)."""
     host = host_counters()
-    return {"time": time.perf_counter(), "host": host}
+    return {"time": time.perf_counter(), "utc": time.time(), "host": host}
 
 
 class StepTimer:
@@ -891,7 +897,7 @@ def complete_result(result, per_rank, global_batch, flops_per_image):
     result["throughput"] = None if images_per_second is None or rank0_summary is None else {
         "images_per_second": images_per_second, "images_per_second_per_device": images_per_second / world_size,
         "rank0_median_images_per_second": rank0_summary["median"], "rank0_mad_images_per_second": rank0_summary["mad"],
-        "timed_steps": steps_done, "timed_wall_s": wall}
+        "timed_steps": steps_done, "timed_wall_s": wall, "rank0_timed_window_utc": rank0["timed_window_utc"]}
     if result["throughput"] and result["config"].get("steps_per_epoch"):
         result["throughput"]["rank0_epochs"] = epoch_throughput(
             rank0["step_times_ms"], result["config"]["steps_per_epoch"], global_batch)
@@ -1021,6 +1027,7 @@ def close_record(record, timer, losses, started, device, stop, world_size):
     if cuda:
         torch.cuda.synchronize(device)
     record["timed_wall_s"] = time.perf_counter() - started["time"] if started is not None else 0.0
+    record["timed_window_utc"] = [utc_text(started["utc"]), utc_text(time.time())] if started is not None else None
     record["host_cpu"] = host_activity(started["host"], record["timed_wall_s"]) if started is not None else None
     last_round = stop.settle(world_size)  # always: no round outlives the loop
     record["signal"] = record["signal"] or last_round  # a signal during the last step

@@ -1,4 +1,5 @@
 """ddp_resnet50.py end to end on the CPU: 2 gloo processes through torchrun, 32 px images."""
+import datetime
 import json
 import math
 
@@ -26,6 +27,11 @@ def test_two_rank_result_field_by_field(native_two_rank):
     assert throughput["timed_steps"] == 4
     assert throughput["images_per_second"] == pytest.approx(8 * 4 / throughput["timed_wall_s"])
     assert throughput["images_per_second_per_device"] == pytest.approx(throughput["images_per_second"] / 2)
+    # Rank 0's timed window in UTC, to line the run up with GPU telemetry: inside the run, as long as the timing.
+    first, last = (datetime.datetime.strptime(t, "%Y-%m-%dT%H:%M:%S.%fZ") for t in throughput["rank0_timed_window_utc"])
+    began = datetime.datetime.strptime(result["started_at"], "%Y-%m-%dT%H:%M:%SZ")
+    assert began <= first <= last <= began + datetime.timedelta(seconds=result["wall_time_s"] + 1)
+    assert (last - first).total_seconds() == pytest.approx(throughput["timed_wall_s"], abs=0.05)
     # Step times: 4 per rank, pooled statistics over both ranks.
     per_rank = result["step_times_ms_per_rank"]
     assert [len(times) for times in per_rank] == [4, 4]

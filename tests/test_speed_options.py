@@ -200,3 +200,33 @@ def test_the_stem_probe_refuses_bad_numbers_in_one_line(argv, rule, tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and rule in lines[0], proc.stderr
     assert not output.exists()
+
+
+def test_the_tail_probe_times_ddp_after_an_all_at_once_backward(tmp_path):
+    """docs/diagnostics/compiled-scaling/tail_probe.py on 2 gloo processes: DDP sees ResNet-50's 161 gradients at
+    once, averages them (the ranks' gradients differ, the averages agree) and the probe writes its JSON."""
+    import json
+    from conftest import ROOT
+    probe = ROOT / "docs" / "diagnostics" / "compiled-scaling" / "tail_probe.py"
+    output = tmp_path / "tail.json"
+    proc = run_script(probe, ["--device", "cpu", "--iterations", "3", "--json", str(output)], nproc=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(output.read_text())
+    assert result["world_size"] == 2 and result["parameters"] == 161 and result["gradients_in_sync"] is True
+    assert result["gradient_bytes"] == 4 * 25_557_032  # ResNet-50's parameters in fp32
+    assert result["plain_ms"]["count"] == result["ddp_ms"]["count"] == 3
+    assert result["tail_ms"] == result["ddp_ms"]["median"] - result["plain_ms"]["median"]
+    assert "tail probe: 2 ranks, hook none, buckets 25 MB" in proc.stdout
+
+
+@pytest.mark.parametrize("argv,rule", [(["--device", "cpu"], "run it under torchrun"),
+                                       (["--iterations", "0"], "argument --iterations: must be a positive integer"),
+                                       (["--bucket-cap-mb", "0"], "must be a positive finite number")])
+def test_the_tail_probe_refuses_bad_input_in_one_line(argv, rule, tmp_path):
+    from conftest import ROOT
+    output = tmp_path / "tail.json"
+    proc = run_script(ROOT / "docs" / "diagnostics" / "compiled-scaling" / "tail_probe.py",
+                      [*argv, "--json", str(output)])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and rule in lines[0], proc.stderr
+    assert not output.exists()

@@ -10,7 +10,7 @@
 # the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
 # final4; the fourth session's next5, twins6, autotune5 and exit6; the fifth session's s8a, s8b and s8c (next7,
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 is prepared and has not been run;
-# the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e.
+# the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -423,6 +423,47 @@ section_next9() {  # prepared for the next device session, not yet run (issue 7)
     "${tuned[@]}"
   bench n9-native-2gpu-bf16-256-compile-cdt-noopt-nobb 0,1 300 "${TWO[@]}" ddp_resnet50.py \
     --compiled-ddp no_optimization --no-broadcast-buffers "${tuned[@]}"
+}
+
+telemetry() {  # telemetry start|stop: nvidia-smi every 100 ms into DIR/nvidia-smi.csv (clocks, power, the
+  # throttle reasons), to line up with each result's throughput.rank0_timed_window_utc (tools/telemetry.py)
+  if [ "$1" = start ]; then
+    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+      --format=csv -lms 100 >>"$OUT_DIR/nvidia-smi.csv" 2>&1 &
+    TELEMETRY_PID=$!
+  else
+    kill "${TELEMETRY_PID:-}" 2>/dev/null; wait "${TELEMETRY_PID:-}" 2>/dev/null
+  fi
+}
+
+section_s12a() {  # session 8, call 1 (issue 7, issue 2): why compiled 2-GPU steps scale 95.6-97.3 %. Longer timed
+  # windows (300 steps) under 100 ms GPU telemetry, to compare each run's SM clock and power cap with its one-GPU
+  # pair; the DDP tail after a compiled backward timed alone (tail_probe.py, fp32 and bf16 all-reduce); eager too.
+  local c=(--compile --warmup-steps 10 --steps 300) e=(--warmup-steps 10 --steps 300)
+  local noopt=(--compiled-ddp no_optimization --no-broadcast-buffers) tail=docs/diagnostics/compiled-scaling/tail_probe.py
+  mkdir -p "$OUT_DIR/diag"
+  telemetry start
+  pair "s12-native-1gpu-bf16-256-compile-gpu0 300 ddp_resnet50.py ${c[*]}" \
+       "s12-native-1gpu-bf16-256-compile-gpu1 300 ddp_resnet50.py ${c[*]}"
+  bench s12-native-2gpu-bf16-256-compile-noopt-nobb 0,1 300 "${TWO[@]}" ddp_resnet50.py "${noopt[@]}" "${c[@]}"
+  run s12-tail-fp32-25mb 0,1 90 "${TWO[@]}" "$tail" --json "$OUT_DIR/diag/tail-fp32-25mb.json"
+  run s12-tail-bf16-25mb 0,1 90 "${TWO[@]}" "$tail" --hook bf16 --json "$OUT_DIR/diag/tail-bf16-25mb.json"
+  run s12-tail-fp32-100mb 0,1 90 "${TWO[@]}" "$tail" --bucket-cap-mb 100 --json "$OUT_DIR/diag/tail-fp32-100mb.json"
+  pair "s12-native-1gpu-bf16-256-compile-gpu0-b 200 ddp_resnet50.py ${c[*]}" \
+       "s12-native-1gpu-bf16-256-compile-gpu1-b 200 ddp_resnet50.py ${c[*]}"
+  bench s12-native-2gpu-bf16-256-compile-noopt-nobb-b 0,1 200 "${TWO[@]}" ddp_resnet50.py "${noopt[@]}" "${c[@]}"
+  pair "s12-native-1gpu-bf16-256-gpu0 120 ddp_resnet50.py ${e[*]}" \
+       "s12-native-1gpu-bf16-256-gpu1 120 ddp_resnet50.py ${e[*]}"
+  bench s12-native-2gpu-bf16-256-nobb 0,1 120 "${TWO[@]}" ddp_resnet50.py --no-broadcast-buffers "${e[@]}"
+  bench s12-native-2gpu-bf16-256-nobb-b 0,1 120 "${TWO[@]}" ddp_resnet50.py --no-broadcast-buffers "${e[@]}"
+  telemetry stop
+}
+
+section_s12b() {  # session 8, call 2 (issue 7): next9 (compiled 2-GPU scaling with coordinate-descent tuning)
+  # under the same telemetry
+  telemetry start
+  section_next9
+  telemetry stop
 }
 
 section_s10a() {  # session 6, call 1 (issue 7): where the tuned compiled step spends its time (a kernel profile,
