@@ -60,8 +60,9 @@ pair() {  # pair "NAME LIMIT ARGS..." "NAME LIMIT ARGS...": two one-GPU runs sid
   read -r -a a <<<"$1"
   read -r -a b <<<"$2"
   bench "${a[0]}" 0 "${a[1]}" "$PY" "${a[@]:2}" &
+  local first=$!
   bench "${b[0]}" 1 "${b[1]}" "$PY" "${b[@]:2}" &
-  wait
+  wait "$first" $!  # these two only: a bare wait would also wait for the telemetry, which runs until stopped
 }
 
 section_native() {
@@ -428,7 +429,7 @@ section_next9() {  # prepared for the next device session, not yet run (issue 7)
 telemetry() {  # telemetry start|stop: nvidia-smi every 100 ms into DIR/nvidia-smi.csv (clocks, power, the
   # throttle reasons), to line up with each result's throughput.rank0_timed_window_utc (tools/telemetry.py)
   if [ "$1" = start ]; then
-    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_event_reasons.active \
       --format=csv -lms 100 >>"$OUT_DIR/nvidia-smi.csv" 2>&1 &
     TELEMETRY_PID=$!
   else
