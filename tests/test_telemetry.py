@@ -1,0 +1,61 @@
+"""tools/telemetry.py: nvidia-smi samples lined up with each result's timed window (rank0_timed_window_utc)."""
+import gzip
+import json
+import subprocess
+import sys
+
+from conftest import ROOT, clean_env
+
+TOOL = ROOT / "tools" / "telemetry.py"
+HEADER = ("timestamp, index, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], power.limit [W], "
+          "temperature.gpu, clocks_event_reasons.active\n")
+
+
+def sample(second, index, mhz, watts, reasons):
+    return f"2026/11/30 12:00:{second:06.3f}, {index}, {mhz} MHz, 3201 MHz, {watts:.2f} W, 700.00 W, 50, {reasons}\n"
+
+
+def run_tool(*args):
+    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True,
+                          env=clean_env(), cwd=ROOT, timeout=60)
+
+
+def test_samples_inside_the_timed_window_per_gpu(tmp_path):
+    lines = [HEADER]
+    for tenth in range(0, 100):  # 10 s at 100 ms; GPU 0 capped from 4 s on, GPU 1 never
+        second = tenth / 10
+        lines.append(sample(second, 0, 1980 if second < 4 else 1880, 600 if second < 4 else 690,
+                            "0x0000000000000000" if second < 4 else "0x0000000000000004"))
+        lines.append(sample(second, 1, 1980, 620, "0x0000000000000000"))
+    lines.insert(50, "timestamp, index\n")  # a repeated header line is skipped
+    log = tmp_path / "nvidia-smi.csv.gz"
+    with gzip.open(log, "wt") as handle:
+        handle.writelines(lines)
+    result = {"throughput": {"rank0_timed_window_utc": ["2026-11-30T12:00:02.000Z", "2026-11-30T12:00:06.000Z"],
+                             "timed_wall_s": 4.0, "images_per_second": 5000.0}}
+    older = {"throughput": {"timed_wall_s": 4.0, "images_per_second": 5000.0}}  # before the window was recorded
+    (tmp_path / "run.json").write_text(json.dumps(result))
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    out = tmp_path / "telemetry.json"
+    proc = run_tool(log, tmp_path / "run.json", tmp_path / "old.json", "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(out.read_text())
+    assert list(figures) == ["run"]
+    gpu0, gpu1 = figures["run"]["gpus"]
+    # 2.0 s to 6.0 s inclusive: 41 samples a GPU, 20 before 4 s (1980 MHz, 600 W) and 21 after (1880, 690)
+    assert gpu0["samples"] == gpu1["samples"] == 41
+    assert abs(gpu0["sm_mhz"] - (20 * 1980 + 21 * 1880) / 41) < 1e-9
+    assert abs(gpu0["power_w"] - (20 * 600 + 21 * 690) / 41) < 1e-9
+    assert gpu0["power_capped_share"] == 21 / 41 and gpu1["power_capped_share"] == 0
+    assert gpu0["limit_w"] == 700 and gpu1["sm_mhz"] == 1980
+    assert "| run | 5,000 | 0 | 41 | 1,929 | 646 (700) | 51% | 50 |" in proc.stdout
+    assert "| old | – | – | no timed window in the result |" in proc.stdout
+
+
+def test_a_file_that_is_not_an_nvidia_smi_log_is_one_line(tmp_path):
+    log = tmp_path / "not.csv"
+    log.write_text("hello, world\n")
+    (tmp_path / "run.json").write_text("{}")
+    proc = run_tool(log, tmp_path / "run.json")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "not an nvidia-smi --format=csv log" in lines[0], proc.stderr
