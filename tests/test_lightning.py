@@ -43,6 +43,8 @@ def test_lightning_result_fields(lightning_two_rank):
             config["lightning_sigterm_sync"]) == (True, True, False, False)
     assert result["checks"]["steps_run_per_rank"] == [6, 6]  # warm-up + timed on every rank
     assert result["checks"]["parameters_synchronized"] and result["throughput"]["timed_steps"] == 4
+    first, last = result["throughput"]["rank0_timed_window_utc"]  # Lightning's hooks start and close the clock too
+    assert result["started_at"][:19] <= first[:19] <= last
     assert proc.stdout.count("== lightning/ddp_resnet50.py") == 1 and "| lightning_ddp | 2 |" in proc.stdout
 
 

@@ -40,6 +40,7 @@ def test_all_runs_every_gloo_strategy_with_parameters_in_sync(all_run):
     assert not (paths["ddp"].parent / "all-zero1_overlap.json").exists()
     # The renamed outputs are announced before the run, not changed silently.
     assert f"note: 6 strategies, one result each: {paths['ddp']}" in proc.stdout
+    windows = []
     for strategy, result in results.items():
         assert (result["benchmark"], result["strategy"], result["status"]) == ("oss_benchmark.py", strategy, "ok")
         config = result["config"]
@@ -50,7 +51,12 @@ def test_all_runs_every_gloo_strategy_with_parameters_in_sync(all_run):
         assert result["checks"]["parameter_max_abs_diff"] == 0.0
         assert result["checks"]["loss_finite"] and all(math.isfinite(v) for v in result["loss_per_step"])
         assert result["throughput"]["timed_steps"] == 2
+        windows.append(result["throughput"]["rank0_timed_window_utc"])
         assert [len(times) for times in result["step_times_ms_per_rank"]] == [2, 2]
+    # Each strategy's timed steps have their own window (UTC), one after the other in the launch.
+    windows.sort()
+    assert all(start <= end for start, end in windows)
+    assert all(before[1] <= after[0] for before, after in zip(windows, windows[1:]))
     # Same seed, same data: every strategy starts from the same loss.
     assert len({round(r["loss_per_step"][0], 5) for r in results.values()}) == 1
     assert "Traceback" not in proc.stderr

@@ -59,3 +59,49 @@ def test_a_file_that_is_not_an_nvidia_smi_log_is_one_line(tmp_path):
     proc = run_tool(log, tmp_path / "run.json")
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "not an nvidia-smi --format=csv log" in lines[0], proc.stderr
+
+
+def test_clock_sensitivity_fits_step_time_against_the_clock(tmp_path):
+    """Steps of 40 ms while the clock reads 1,800 MHz, 38 ms once it reads 1,900: -2 ms per 100 MHz, r = -1."""
+    lines = ["timestamp, index, uuid, clocks.current.sm [MHz], power.draw [W], clocks_event_reasons.active\n"]
+    for tenth in range(0, 110):
+        second = tenth / 10
+        lines.append(f"2026/11/30 12:00:{second:06.3f}, 0, GPU-aaaa, {1800 if second < 5 else 1900} MHz, 690.00 W, "
+                     "0x0000000000000004\n")
+        lines.append(f"2026/11/30 12:00:{second:06.3f}, 1, GPU-bbbb, 1500 MHz, 600.00 W, 0x0000000000000000\n")
+    log = tmp_path / "nvidia-smi.csv"
+    log.write_text("".join(lines))
+    steps = [40.0] * 125 + [38.0] * 131  # 5,000 ms then 4,978 ms
+    result = {"throughput": {"rank0_timed_window_utc": ["2026-11-30T12:00:00.000Z", "2026-11-30T12:00:10.000Z"],
+                             "timed_wall_s": 9.978, "images_per_second": 6500.0},
+              "step_times_ms_per_rank": [steps],
+              "hardware": {"ranks": [{"rank": 0, "gpu_uuid": "bbbb"}]}}
+    (tmp_path / "run.json").write_text(json.dumps(result))
+    out = tmp_path / "fit.json"
+    # rank 0 ran on GPU 1 by its uuid; the given index is not needed, and GPU 1's flat clock fits nothing
+    proc = run_tool(log, tmp_path / "run.json", "--sensitivity", 1000, "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["run"]["clock_sensitivity"] is None
+    assert "| run | 1 | no fit: fewer than 3 bins, or a clock that did not move |" in proc.stdout
+    result["hardware"]["ranks"][0]["gpu_uuid"] = "aaaa"
+    (tmp_path / "run.json").write_text(json.dumps(result))
+    proc = run_tool(log, tmp_path / "run.json", "--sensitivity", 1000, "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    fit = json.loads(out.read_text())["run"]["clock_sensitivity"]
+    assert fit["gpu"] == 0 and fit["bins"] == 10 and fit["sm_mhz_range"] == [1800, 1900]
+    assert abs(fit["slope_ms_per_100_mhz"] + 2.0) < 1e-9 and abs(fit["correlation"] + 1.0) < 1e-9
+    assert abs(fit["proportional_ms_per_100_mhz"] + 100 * 38 / 1850) < 1e-9
+    assert "| run | 0 | 10 | 1,850 (1,800–1,900) | -2.00 | -1.00 | -2.05 |" in proc.stdout
+
+
+def test_sensitivity_without_uuids_needs_the_gpu_named(tmp_path):
+    log = tmp_path / "nvidia-smi.csv"
+    log.write_text(HEADER + sample(1.0, 0, 1900, 690, "0x0"))
+    result = {"throughput": {"rank0_timed_window_utc": ["2026-11-30T12:00:00.000Z", "2026-11-30T12:00:02.000Z"],
+                             "timed_wall_s": 2.0, "images_per_second": 6500.0}, "step_times_ms_per_rank": [[40.0]]}
+    (tmp_path / "run.json").write_text(json.dumps(result))
+    proc = run_tool(log, tmp_path / "run.json", "--sensitivity", 500)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "--rank0-gpu INDEX" in lines[0], proc.stderr
+    proc = run_tool(log, tmp_path / "run.json", "--sensitivity", 0)
+    assert proc.returncode == 2 and "must be a positive number of milliseconds" in proc.stderr

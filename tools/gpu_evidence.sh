@@ -9,7 +9,8 @@
 # the second session's: ddp2 (issue 2), twins2 (issue 3), fsdp (issue 4), compile2 (issue 7), and more below;
 # the third session's are scale4, compile4 (its launch-bound pairs did not run: the call's time ran out) and
 # final4; the fourth session's next5, twins6, autotune5 and exit6; the fifth session's s8a, s8b and s8c (next7,
-# prepared in the fourth, was replaced by s8a and s8c and never run); next9 is prepared and has not been run;
+# prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
+# run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
@@ -414,7 +415,7 @@ section_s8c() {  # session 5, call 3: the reducer traced into the compiled backw
   wait
 }
 
-section_next9() {  # prepared for the next device session, not yet run (issue 7): compiled 2-GPU scaling with
+section_next9() {  # run once, in the eighth session as s12b (its 2-GPU run was cut) (issue 7): compiled 2-GPU scaling with
   # coordinate-descent tuning, against tuned one-GPU runs on both GPUs of the same machine. Two ranks tuning cold
   # outlasted 200 s in the fifth session: the one-GPU pair fills the Inductor cache first, and the limit is longer.
   local tuned=(--compile --coordinate-descent-tuning "${STEPS[@]}")
@@ -429,7 +430,7 @@ section_next9() {  # prepared for the next device session, not yet run (issue 7)
 telemetry() {  # telemetry start|stop: nvidia-smi every 100 ms into DIR/nvidia-smi.csv (clocks, power, the
   # throttle reasons), to line up with each result's throughput.rank0_timed_window_utc (tools/telemetry.py)
   if [ "$1" = start ]; then
-    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_event_reasons.active \
+    nvidia-smi --query-gpu=timestamp,index,uuid,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_event_reasons.active \
       --format=csv -lms 100 >>"$OUT_DIR/nvidia-smi.csv" 2>&1 &
     TELEMETRY_PID=$!
   else
@@ -437,7 +438,8 @@ telemetry() {  # telemetry start|stop: nvidia-smi every 100 ms into DIR/nvidia-s
   fi
 }
 
-section_s12a() {  # session 8, call 1 (issue 7, issue 2): why compiled 2-GPU steps scale 95.6-97.3 %. Longer timed
+section_s12a() {  # session 8, calls 1 (hung after its first pair, before pair() waited for its own runs only)
+  # and 2 (issue 7, issue 2): why compiled 2-GPU steps scale 95.6-97.3 %. Longer timed
   # windows (300 steps) under 100 ms GPU telemetry, to compare each run's SM clock and power cap with its one-GPU
   # pair; the DDP tail after a compiled backward timed alone (tail_probe.py, fp32 and bf16 all-reduce); eager too.
   local c=(--compile --warmup-steps 10 --steps 300) e=(--warmup-steps 10 --steps 300)
@@ -460,7 +462,7 @@ section_s12a() {  # session 8, call 1 (issue 7, issue 2): why compiled 2-GPU ste
   telemetry stop
 }
 
-section_s12b() {  # session 8, call 2 (issue 7): next9 (compiled 2-GPU scaling with coordinate-descent tuning)
+section_s12b() {  # session 8, call 3 (issue 7): next9 (compiled 2-GPU scaling with coordinate-descent tuning)
   # under the same telemetry
   telemetry start
   section_next9

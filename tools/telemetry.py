@@ -2,16 +2,24 @@
 
 Reads an nvidia-smi log written with
 
-    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,\
+    nvidia-smi --query-gpu=timestamp,index,uuid,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,\
 clocks_event_reasons.active --format=csv -lms 100 > nvidia-smi.csv
 
-(as `tools/gpu_evidence.sh` does; plain or gzipped; power.limit may be missing) and result files, and prints,
-per run and GPU, the samples inside the result's `throughput.rank0_timed_window_utc`: their count, the mean SM
-clock, the mean power draw against the limit, the share of samples under the software power cap
+(as `tools/gpu_evidence.sh` does; plain or gzipped; uuid and power.limit may be missing) and result files, and
+prints, per run and GPU, the samples inside the result's `throughput.rank0_timed_window_utc`: their count, the
+mean SM clock, the mean power draw against the limit, the share of samples under the software power cap
 (clocks_event_reasons bit 0x4) and the mean temperature. The log's timestamps are taken as UTC (the device
 machines keep UTC). One GPU per row, so a one-GPU run shows what its neighbour did too.
 
+--sensitivity MS also asks how much rank 0's step time moved with its GPU's SM clock within each run: its steps
+are placed on the GPU's timeline from the window's start (the step times are CUDA-event times), grouped into bins
+of MS milliseconds, and each bin's mean step time is fitted against the mean SM clock of the samples in it (least
+squares). The slope, in ms per 100 MHz, is printed beside the slope that a step slowing in proportion to the
+clock would have (median step / mean clock). Rank 0's GPU is found by the result's gpu_uuid when the log has a
+uuid column, else it is --rank0-gpu INDEX.
+
     python tools/telemetry.py results/DIR/nvidia-smi.csv.gz results/DIR/*.json [--json FILE]
+    python tools/telemetry.py LOG RUN.json... --sensitivity 500 [--rank0-gpu 0]
 """
 import argparse
 import csv
@@ -23,7 +31,7 @@ import pathlib
 import sys
 
 SW_POWER_CAP = 0x4
-COLUMNS = {"timestamp": "timestamp", "index": "index", "clocks.current.sm [MHz]": "sm_mhz",
+COLUMNS = {"timestamp": "timestamp", "index": "index", "uuid": "uuid", "clocks.current.sm [MHz]": "sm_mhz",
            "power.draw [W]": "power_w", "power.limit [W]": "limit_w", "temperature.gpu": "temperature_c",
            "clocks_event_reasons.active": "reasons"}
 
@@ -31,6 +39,16 @@ COLUMNS = {"timestamp": "timestamp", "index": "index", "clocks.current.sm [MHz]"
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message):  # one line naming the rule, exit 2 (argparse adds a usage line)
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_ms(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive number of milliseconds")
+    return value
 
 
 def number(text):
@@ -63,7 +81,8 @@ def read_samples(path):
             reasons = int(fields["reasons"], 16)
         except ValueError:
             continue
-        samples.append({"time": moment, "index": int(fields["index"]), "sm_mhz": number(fields["sm_mhz"]),
+        samples.append({"time": moment, "index": int(fields["index"]), "uuid": fields.get("uuid"),
+                        "sm_mhz": number(fields["sm_mhz"]),
                         "power_w": number(fields["power_w"]), "limit_w": number(fields.get("limit_w", "")),
                         "temperature_c": number(fields.get("temperature_c", "")),
                         "capped": bool(reasons & SW_POWER_CAP)})
@@ -96,6 +115,46 @@ def summarise_run(result, samples):
             "images_per_second": result["throughput"]["images_per_second"], "gpus": rows}
 
 
+def rank0_gpu(result, samples, given):
+    """The log's index of the GPU rank 0 ran on: by the result's gpu_uuid when the log has uuids, else given."""
+    uuid = ((result.get("hardware") or {}).get("ranks") or [{}])[0].get("gpu_uuid")
+    for sample in samples:
+        if uuid and sample["uuid"] and sample["uuid"].removeprefix("GPU-") == uuid:
+            return sample["index"]
+    return given
+
+
+def clock_sensitivity(result, samples, gpu, bin_ms):
+    """Rank 0's step time against its GPU's SM clock within the run: a least-squares slope over bins of bin_ms
+    milliseconds of the GPU timeline. None when fewer than three bins hold both steps and samples, or when the
+    clock did not move."""
+    start = parse_utc(result["throughput"]["rank0_timed_window_utc"][0])
+    times = result["step_times_ms_per_rank"][0]
+    clocks = {}
+    for sample in samples:
+        offset_ms = (sample["time"] - start).total_seconds() * 1e3
+        if sample["index"] == gpu and sample["sm_mhz"] is not None and 0 <= offset_ms <= sum(times):
+            clocks.setdefault(int(offset_ms // bin_ms), []).append(sample["sm_mhz"])
+    steps, elapsed = {}, 0.0
+    for step_ms in times:  # a step belongs to the bin that holds its middle
+        steps.setdefault(int((elapsed + step_ms / 2) // bin_ms), []).append(step_ms)
+        elapsed += step_ms
+    points = [(mean(clocks[b]), mean(steps[b])) for b in sorted(clocks) if b in steps]
+    if len(points) < 3:
+        return None
+    mx, my = mean(p[0] for p in points), mean(p[1] for p in points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    syy = sum((y - my) ** 2 for _, y in points)
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    if sxx == 0:
+        return None
+    median_step = sorted(times)[len(times) // 2]
+    return {"gpu": gpu, "bin_ms": bin_ms, "bins": len(points), "mean_sm_mhz": mx,
+            "sm_mhz_range": [min(p[0] for p in points), max(p[0] for p in points)],
+            "slope_ms_per_100_mhz": 100 * sxy / sxx, "correlation": sxy / (sxx * syy) ** 0.5 if syy else None,
+            "proportional_ms_per_100_mhz": -100 * median_step / mx}
+
+
 def fmt(value, pattern):
     return "n/a" if value is None else pattern.format(value)
 
@@ -105,6 +164,10 @@ def main(argv=None):
     parser.add_argument("log", help="nvidia-smi CSV log (.csv or .csv.gz)")
     parser.add_argument("results", nargs="+", help="result JSON files")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--sensitivity", type=positive_ms, metavar="MS",
+                        help="also fit rank 0's step time against its GPU's SM clock in bins of MS ms")
+    parser.add_argument("--rank0-gpu", type=int, metavar="INDEX",
+                        help="rank 0's GPU in the log, for logs without a uuid column")
     args = parser.parse_args(argv)
     try:
         samples = read_samples(args.log)
@@ -128,6 +191,27 @@ def main(argv=None):
                          f"{fmt(row['sm_mhz'], '{:,.0f}')} | {fmt(row['power_w'], '{:.0f}')} "
                          f"({fmt(row['limit_w'], '{:.0f}')}) | {fmt(row['power_capped_share'], '{:.0%}')} | "
                          f"{fmt(row['temperature_c'], '{:.0f}')} |")
+    if args.sensitivity:
+        lines += ["", f"Rank 0's step time against its GPU's SM clock, bins of {args.sensitivity:g} ms:", "",
+                  "| run | GPU | bins | SM MHz (range of the bins) | ms per 100 MHz | r | if proportional |",
+                  "|---|---|---|---|---|---|---|"]
+        for path in args.results:
+            name = pathlib.Path(path).stem
+            if name not in report:
+                continue
+            result = json.loads(pathlib.Path(path).read_text())
+            gpu = rank0_gpu(result, samples, args.rank0_gpu)
+            if gpu is None:
+                parser.error(f"{path}: the log has no uuid column: name rank 0's GPU with --rank0-gpu INDEX")
+            fit = clock_sensitivity(result, samples, gpu, args.sensitivity)
+            report[name]["clock_sensitivity"] = fit
+            if fit is None:
+                lines.append(f"| {name} | {gpu} | no fit: fewer than 3 bins, or a clock that did not move | | | | |")
+                continue
+            low, high = fit["sm_mhz_range"]
+            lines.append(f"| {name} | {gpu} | {fit['bins']} | {fit['mean_sm_mhz']:,.0f} ({low:,.0f}–{high:,.0f}) | "
+                         f"{fit['slope_ms_per_100_mhz']:+.2f} | {fmt(fit['correlation'], '{:+.2f}')} | "
+                         f"{fit['proportional_ms_per_100_mhz']:+.2f} |")
     print("\n".join(lines))
     if args.json:
         temporary = f"{args.json}.tmp{os.getpid()}"
