@@ -230,3 +230,14 @@ def test_the_tail_probe_refuses_bad_input_in_one_line(argv, rule, tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and rule in lines[0], proc.stderr
     assert not output.exists()
+
+
+@pytest.mark.parametrize("probe", [("stem", "stem_probe.py"), ("compiled-scaling", "tail_probe.py")])
+def test_the_probes_refuse_an_unwritable_json_before_measuring(probe, tmp_path):
+    from conftest import ROOT
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    proc = run_script(ROOT / "docs" / "diagnostics" / probe[0] / probe[1], ["--json", str(blocked / "out.json")])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0] == f"{probe[1]}: error: --json directory {blocked} cannot be written ({blocked} is not a writable directory)"

@@ -6,6 +6,8 @@ import sys
 
 from conftest import ROOT, clean_env
 
+FIXTURE = ROOT / "tests" / "fixtures" / "results" / "native-weak-1proc.json"  # a real result of the native script
+
 TOOL = ROOT / "tools" / "telemetry.py"
 HEADER = ("timestamp, index, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], power.limit [W], "
           "temperature.gpu, clocks_event_reasons.active\n")
@@ -13,6 +15,21 @@ HEADER = ("timestamp, index, clocks.current.sm [MHz], clocks.current.memory [MHz
 
 def sample(second, index, mhz, watts, reasons):
     return f"2026/11/30 12:00:{second:06.3f}, {index}, {mhz} MHz, 3201 MHz, {watts:.2f} W, 700.00 W, 50, {reasons}\n"
+
+
+def a_result(window, steps=None, uuid=None, images_per_second=5000.0):
+    """A real result file of the CPU smoke run with the fields telemetry.py reads set as given."""
+    result = json.loads(FIXTURE.read_text())
+    result["throughput"]["images_per_second"] = images_per_second
+    if window is None:
+        result["throughput"].pop("rank0_timed_window_utc", None)
+    else:
+        result["throughput"]["rank0_timed_window_utc"] = window
+    if steps is not None:
+        result["step_times_ms_per_rank"] = [steps]
+        result["throughput"]["timed_wall_s"] = sum(steps) / 1e3
+    result["hardware"]["ranks"][0]["gpu_uuid"] = uuid
+    return result
 
 
 def run_tool(*args):
@@ -31,17 +48,16 @@ def test_samples_inside_the_timed_window_per_gpu(tmp_path):
     log = tmp_path / "nvidia-smi.csv.gz"
     with gzip.open(log, "wt") as handle:
         handle.writelines(lines)
-    result = {"throughput": {"rank0_timed_window_utc": ["2026-11-30T12:00:02.000Z", "2026-11-30T12:00:06.000Z"],
-                             "timed_wall_s": 4.0, "images_per_second": 5000.0}}
-    older = {"throughput": {"timed_wall_s": 4.0, "images_per_second": 5000.0}}  # before the window was recorded
+    result = a_result(["2026-11-30T12:00:02.000Z", "2026-11-30T12:00:06.000Z"])
+    older = a_result(None)  # written before the window was recorded
     (tmp_path / "run.json").write_text(json.dumps(result))
     (tmp_path / "old.json").write_text(json.dumps(older))
     out = tmp_path / "telemetry.json"
     proc = run_tool(log, tmp_path / "run.json", tmp_path / "old.json", "--json", out)
     assert proc.returncode == 0, proc.stderr
     figures = json.loads(out.read_text())
-    assert list(figures) == ["run"]
-    gpu0, gpu1 = figures["run"]["gpus"]
+    assert list(figures) == [str(tmp_path / "run.json")]
+    gpu0, gpu1 = figures[str(tmp_path / "run.json")]["gpus"]
     # 2.0 s to 6.0 s inclusive: 41 samples a GPU, 20 before 4 s (1980 MHz, 600 W) and 21 after (1880, 690)
     assert gpu0["samples"] == gpu1["samples"] == 41
     assert abs(gpu0["sm_mhz"] - (20 * 1980 + 21 * 1880) / 41) < 1e-9
@@ -55,7 +71,7 @@ def test_samples_inside_the_timed_window_per_gpu(tmp_path):
 def test_a_file_that_is_not_an_nvidia_smi_log_is_one_line(tmp_path):
     log = tmp_path / "not.csv"
     log.write_text("hello, world\n")
-    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "run.json").write_text(json.dumps(a_result(None)))
     proc = run_tool(log, tmp_path / "run.json")
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "not an nvidia-smi --format=csv log" in lines[0], proc.stderr
@@ -72,22 +88,20 @@ def test_clock_sensitivity_fits_step_time_against_the_clock(tmp_path):
     log = tmp_path / "nvidia-smi.csv"
     log.write_text("".join(lines))
     steps = [40.0] * 125 + [38.0] * 131  # 5,000 ms then 4,978 ms
-    result = {"throughput": {"rank0_timed_window_utc": ["2026-11-30T12:00:00.000Z", "2026-11-30T12:00:10.000Z"],
-                             "timed_wall_s": 9.978, "images_per_second": 6500.0},
-              "step_times_ms_per_rank": [steps],
-              "hardware": {"ranks": [{"rank": 0, "gpu_uuid": "bbbb"}]}}
+    result = a_result(["2026-11-30T12:00:00.000Z", "2026-11-30T12:00:10.000Z"], steps, uuid="bbbb")
     (tmp_path / "run.json").write_text(json.dumps(result))
     out = tmp_path / "fit.json"
     # rank 0 ran on GPU 1 by its uuid; the given index is not needed, and GPU 1's flat clock fits nothing
     proc = run_tool(log, tmp_path / "run.json", "--sensitivity", 1000, "--json", out)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(out.read_text())["run"]["clock_sensitivity"] is None
+    key = str(tmp_path / "run.json")
+    assert json.loads(out.read_text())[key]["clock_sensitivity"] is None
     assert "| run | 1 | no fit: fewer than 3 bins, or a clock that did not move |" in proc.stdout
     result["hardware"]["ranks"][0]["gpu_uuid"] = "aaaa"
     (tmp_path / "run.json").write_text(json.dumps(result))
     proc = run_tool(log, tmp_path / "run.json", "--sensitivity", 1000, "--json", out)
     assert proc.returncode == 0, proc.stderr
-    fit = json.loads(out.read_text())["run"]["clock_sensitivity"]
+    fit = json.loads(out.read_text())[key]["clock_sensitivity"]
     assert fit["gpu"] == 0 and fit["bins"] == 10 and fit["sm_mhz_range"] == [1800, 1900]
     assert abs(fit["slope_ms_per_100_mhz"] + 2.0) < 1e-9 and abs(fit["correlation"] + 1.0) < 1e-9
     assert abs(fit["proportional_ms_per_100_mhz"] + 100 * 38 / 1850) < 1e-9
@@ -97,11 +111,34 @@ def test_clock_sensitivity_fits_step_time_against_the_clock(tmp_path):
 def test_sensitivity_without_uuids_needs_the_gpu_named(tmp_path):
     log = tmp_path / "nvidia-smi.csv"
     log.write_text(HEADER + sample(1.0, 0, 1900, 690, "0x0"))
-    result = {"throughput": {"rank0_timed_window_utc": ["2026-11-30T12:00:00.000Z", "2026-11-30T12:00:02.000Z"],
-                             "timed_wall_s": 2.0, "images_per_second": 6500.0}, "step_times_ms_per_rank": [[40.0]]}
+    result = a_result(["2026-11-30T12:00:00.000Z", "2026-11-30T12:00:02.000Z"], [40.0])
     (tmp_path / "run.json").write_text(json.dumps(result))
     proc = run_tool(log, tmp_path / "run.json", "--sensitivity", 500)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "--rank0-gpu INDEX" in lines[0], proc.stderr
     proc = run_tool(log, tmp_path / "run.json", "--sensitivity", 0)
     assert proc.returncode == 2 and "must be a positive number of milliseconds" in proc.stderr
+
+
+def one_error_line(proc):
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("telemetry.py: error: "), proc.stderr
+    return lines[0]
+
+
+def test_bad_results_and_outputs_are_one_line_and_write_nothing(tmp_path):
+    log = tmp_path / "nvidia-smi.csv"
+    log.write_text(HEADER + sample(1.0, 0, 1900, 690, "0x0"))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert "not a benchmark result" in one_error_line(run_tool(log, tmp_path / "list.json"))
+    (tmp_path / "bad-window.json").write_text(json.dumps(a_result(["yesterday", "today"])))
+    assert "rank0_timed_window_utc is ['yesterday', 'today'], not two UTC times" in one_error_line(
+        run_tool(log, tmp_path / "bad-window.json"))
+    (tmp_path / "run.json").write_text(json.dumps(a_result(["2026-11-30T12:00:00.000Z", "2026-11-30T12:00:02.000Z"])))
+    assert "cannot be read (FileNotFoundError" in one_error_line(run_tool(log, tmp_path / "missing.json"))
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    line = one_error_line(run_tool(log, tmp_path / "run.json", "--json", blocked / "out.json"))
+    assert f"--json {blocked / 'out.json'}: cannot be written" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad-window.json", "file", "list.json", "nvidia-smi.csv",
+                                                          "run.json"]

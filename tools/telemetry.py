@@ -22,6 +22,7 @@ uuid column, else it is --rank0-gpu INDEX.
     python tools/telemetry.py LOG RUN.json... --sensitivity 500 [--rank0-gpu 0]
 """
 import argparse
+import contextlib
 import csv
 import datetime
 import gzip
@@ -30,15 +31,13 @@ import os
 import pathlib
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from report import EXIT_USAGE, OneLineArgumentParser, UsageError, read_result_file  # noqa: E402  (no torch)
+
 SW_POWER_CAP = 0x4
 COLUMNS = {"timestamp": "timestamp", "index": "index", "uuid": "uuid", "clocks.current.sm [MHz]": "sm_mhz",
            "power.draw [W]": "power_w", "power.limit [W]": "limit_w", "temperature.gpu": "temperature_c",
            "clocks_event_reasons.active": "reasons"}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):  # one line naming the rule, exit 2 (argparse adds a usage line)
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def positive_ms(text):
@@ -159,11 +158,26 @@ def fmt(value, pattern):
     return "n/a" if value is None else pattern.format(value)
 
 
+def load_result(path):
+    """A result file as report.py reads it, with a timed window that parses; UsageError (one line) otherwise."""
+    result, problem = read_result_file(pathlib.Path(path))
+    if problem:
+        raise UsageError(f"{path}: {problem}")
+    window = (result.get("throughput") or {}).get("rank0_timed_window_utc")
+    try:
+        if window is not None:
+            [parse_utc(t) for t in window]
+    except (TypeError, ValueError):
+        raise UsageError(f"{path}: throughput.rank0_timed_window_utc is {window!r}, not two UTC times "
+                         "(YYYY-MM-DDTHH:MM:SS.mmmZ)") from None
+    return result
+
+
 def main(argv=None):
-    parser = OneLineParser(description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log", help="nvidia-smi CSV log (.csv or .csv.gz)")
     parser.add_argument("results", nargs="+", help="result JSON files")
-    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--json", help="also write the figures to this file, keyed by the result paths as given")
     parser.add_argument("--sensitivity", type=positive_ms, metavar="MS",
                         help="also fit rank 0's step time against its GPU's SM clock in bins of MS ms")
     parser.add_argument("--rank0-gpu", type=int, metavar="INDEX",
@@ -172,20 +186,17 @@ def main(argv=None):
     try:
         samples = read_samples(args.log)
     except (OSError, ValueError, UnicodeDecodeError) as error:
-        parser.error(str(error))
-    report = {}
+        raise UsageError(str(error)) from None
+    results = {path: load_result(path) for path in args.results}
+    figures = {}
     lines = ["| run | img/s | GPU | samples | SM MHz | power W (limit) | power-capped | °C |", "|---|---|---|---|---|---|---|---|"]
-    for path in args.results:
-        try:
-            result = json.loads(pathlib.Path(path).read_text())
-        except (OSError, ValueError) as error:
-            parser.error(f"{path}: {error}")
+    for path, result in results.items():
         summary = summarise_run(result, samples)
         name = pathlib.Path(path).stem
         if summary is None:
             lines.append(f"| {name} | – | – | no timed window in the result | | | | |")
             continue
-        report[name] = summary
+        figures[path] = summary
         for row in summary["gpus"]:
             lines.append(f"| {name} | {summary['images_per_second']:,.0f} | {row['gpu']} | {row['samples']} | "
                          f"{fmt(row['sm_mhz'], '{:,.0f}')} | {fmt(row['power_w'], '{:.0f}')} "
@@ -195,16 +206,13 @@ def main(argv=None):
         lines += ["", f"Rank 0's step time against its GPU's SM clock, bins of {args.sensitivity:g} ms:", "",
                   "| run | GPU | bins | SM MHz (range of the bins) | ms per 100 MHz | r | if proportional |",
                   "|---|---|---|---|---|---|---|"]
-        for path in args.results:
-            name = pathlib.Path(path).stem
-            if name not in report:
-                continue
-            result = json.loads(pathlib.Path(path).read_text())
+        for path in figures:
+            name, result = pathlib.Path(path).stem, results[path]
             gpu = rank0_gpu(result, samples, args.rank0_gpu)
             if gpu is None:
-                parser.error(f"{path}: the log has no uuid column: name rank 0's GPU with --rank0-gpu INDEX")
+                raise UsageError(f"{path}: the log has no uuid column: name rank 0's GPU with --rank0-gpu INDEX")
             fit = clock_sensitivity(result, samples, gpu, args.sensitivity)
-            report[name]["clock_sensitivity"] = fit
+            figures[path]["clock_sensitivity"] = fit
             if fit is None:
                 lines.append(f"| {name} | {gpu} | no fit: fewer than 3 bins, or a clock that did not move | | | | |")
                 continue
@@ -212,14 +220,23 @@ def main(argv=None):
             lines.append(f"| {name} | {gpu} | {fit['bins']} | {fit['mean_sm_mhz']:,.0f} ({low:,.0f}–{high:,.0f}) | "
                          f"{fit['slope_ms_per_100_mhz']:+.2f} | {fmt(fit['correlation'], '{:+.2f}')} | "
                          f"{fit['proportional_ms_per_100_mhz']:+.2f} |")
-    print("\n".join(lines))
     if args.json:
         temporary = f"{args.json}.tmp{os.getpid()}"
-        with open(temporary, "w") as handle:
-            json.dump(report, handle, indent=1)
-        os.replace(temporary, args.json)
+        try:
+            with open(temporary, "w") as handle:
+                json.dump(figures, handle, indent=1)
+            os.replace(temporary, args.json)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise UsageError(f"--json {args.json}: cannot be written ({error.strerror})") from None
+    print("\n".join(lines))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except UsageError as error:
+        print(f"telemetry.py: error: {error}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)

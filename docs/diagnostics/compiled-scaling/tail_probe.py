@@ -10,7 +10,7 @@ buffers not broadcast). The difference of the two medians (CUDA events around fo
 by the all-reduce itself) is what DDP adds. The GPU work of an iteration is small (copies of 102 MB and one
 all-reduce of it), so on an H200 the events measure the host's pace: the figure is DDP's host time for the tail,
 with its GPU time hidden inside it (README.md beside this file: measured 3.7 ms with 25 MB buckets, 1.3 ms with
-one 100 MB bucket). In the real compiled step the host runs 30 ms or more ahead of the GPU, so that host time
+100 MB buckets). In the real compiled step the host runs 30 ms or more ahead of the GPU, so that host time
 is hidden there; the tail's GPU time alone is not isolated by this probe.
 
     torchrun --nproc-per-node 2 docs/diagnostics/compiled-scaling/tail_probe.py [--hook none|bf16]
@@ -19,7 +19,6 @@ is hidden there; the tail's GPU time alone is not isolated by this probe.
 --hook bf16 registers PyTorch's bf16_compress_hook (the gradients all-reduced in bfloat16, half the bytes).
 --device cpu runs the same on gloo (the CI test; only --hook none there).
 """
-import argparse
 import os
 import pathlib
 import sys
@@ -59,11 +58,6 @@ class GradientSource(torch.nn.Module):
         return AllGradients.apply(anchor, self.gradients, *self.net.parameters())
 
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):  # one line naming the rule, exit 2 (argparse adds a usage line)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def time_iterations(module, anchor, iterations, device):
     """Median and MAD (ms) of forward + backward, CUDA events on the GPU, the host clock on the CPU."""
     def iteration():
@@ -85,19 +79,24 @@ def time_iterations(module, anchor, iterations, device):
 
 
 def main():
-    parser = OneLineParser(description=__doc__.splitlines()[0])
+    parser = bench.OneLineArgumentParser(description=__doc__.splitlines()[0])  # bad input: one line, exit 2
     parser.add_argument("--hook", choices=["none", "bf16"], default="none")
     parser.add_argument("--bucket-cap-mb", type=bench.bucket_megabytes, default=25.0)
     parser.add_argument("--iterations", type=bench.positive_int, default=50)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.json:  # before any measuring: an unwritable path is bad input, not a traceback at the end
+        try:
+            bench.check_output_path(args.json, overwrite=True)
+        except bench.UsageError as error:
+            raise bench.UsageError(str(error).replace("--output", "--json", 1)) from None
     if "RANK" not in os.environ:
-        parser.error("run it under torchrun: the tail is what two or more ranks add")
+        raise bench.UsageError("run it under torchrun: the tail is what two or more ranks add")
     if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda needs a CUDA GPU and none is visible (--device cpu runs on gloo)")
+        raise bench.UsageError("--device cuda needs a CUDA GPU and none is visible (--device cpu runs on gloo)")
     if args.device == "cpu" and args.hook == "bf16":
-        parser.error("--hook bf16 is for NCCL on the GPU (--device cpu runs gloo with --hook none)")
+        raise bench.UsageError("--hook bf16 is for NCCL on the GPU (--device cpu runs gloo with --hook none)")
 
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     device = torch.device("cuda", local_rank) if args.device == "cuda" else torch.device("cpu")
@@ -141,4 +140,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    bench.run_guarded(main)

@@ -19,7 +19,6 @@ the output gradient to the positions the forward's indices name: the same gradie
 element as PyTorch's own backward, computed as one pass over the output instead of a gather per input element.
 One configuration per process: cuDNN keeps the algorithm it picked for a shape for the life of the process.
 """
-import argparse
 import pathlib
 import sys
 
@@ -77,13 +76,8 @@ def check():
         print(f"check {layout}: forward equal, gradient max difference {difference:.1e}")
 
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):  # one line naming the rule, exit 2 (argparse adds a usage line)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main():
-    parser = OneLineParser(description=__doc__.splitlines()[0])
+    parser = bench.OneLineArgumentParser(description=__doc__.splitlines()[0])  # bad input: one line, exit 2
     parser.add_argument("--part", choices=["conv", "stem"], default="stem")
     parser.add_argument("--pad-channels", type=int, choices=[3, 4, 8], default=3)
     parser.add_argument("--benchmark-limit", type=bench.non_negative_int)
@@ -94,11 +88,16 @@ def main():
     parser.add_argument("--iterations", type=bench.positive_int, default=100)
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.json:  # before any measuring: an unwritable path is bad input, not a traceback at the end
+        try:
+            bench.check_output_path(args.json, overwrite=True)
+        except bench.UsageError as error:
+            raise bench.UsageError(str(error).replace("--output", "--json", 1)) from None
     if args.check:
         check()
         return
     if not torch.cuda.is_available():
-        parser.error("times the stem on a CUDA GPU and none is visible (--check runs on the CPU)")
+        raise bench.UsageError("times the stem on a CUDA GPU and none is visible (--check runs on the CPU)")
 
     torch.backends.cudnn.benchmark = True
     if args.benchmark_limit is not None:
@@ -156,4 +155,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    bench.run_guarded(main)
