@@ -240,6 +240,12 @@ def add_ddp_arguments(parser, cuda_graphs):
                         help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward; "
                              "without it each rank keeps its own statistics")
     parser.add_argument("--static-graph", action="store_true", help="tell DDP the graph never changes")
+    parser.add_argument("--comm-hook", choices=COMM_HOOKS, default="none",
+                        help="DDP communication hook: none (DDP's own all-reduce of the fp32 gradients, the "
+                             "default) or PyTorch's bf16_compress / fp16_compress (ddp_comm_hooks.default_hooks): "
+                             "each bucket is cast to bf16 / fp16 and divided by the world size for the all-reduce "
+                             "(half the bytes), then copied back, so the averaged gradient keeps 8 / 11 significant "
+                             "bits")
     parser.add_argument("--compiled-ddp", choices=["ddp_optimizer", "python_reducer", "no_optimization"],
                         help="how torch.compile treats DDP (torch._dynamo.config.optimize_ddp): split the graph at "
                              "bucket boundaries (PyTorch's default), trace the reducer with compiled autograd, or "
@@ -252,6 +258,17 @@ def add_ddp_arguments(parser, cuda_graphs):
                             help="fp16 only: dynamic (GradScaler, default) or a fixed power of two S: the loss "
                                  "is multiplied by S and the gradients by 1/S with no overflow check, so the step "
                                  "needs no host sync and fits a CUDA graph; a non-finite loss fails the run")
+
+
+COMM_HOOKS = ("none", "bf16_compress", "fp16_compress")
+
+
+def comm_hook_function(config):
+    """The DDP communication hook --comm-hook names (None: DDP's own all-reduce)."""
+    if config["comm_hook"] == "none":
+        return None
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    return getattr(default_hooks, f"{config['comm_hook']}_hook")
 
 
 def bucket_megabytes(text):
@@ -281,10 +298,17 @@ def resolve_ddp_options(args, config, world_size):
         raise UsageError("--coordinate-descent-tuning needs --compile or --compile-mode: it tunes Inductor's kernels")
     cuda_graphs = bool(getattr(args, "cuda_graphs", False))
     loss_scale = getattr(args, "loss_scale", "dynamic")
+    if args.comm_hook != "none" and cuda_graphs:
+        raise UsageError(f"--comm-hook {args.comm_hook} with --cuda-graphs is not supported: the hook copies the "
+                         f"all-reduced bucket back in a future's callback, which was not tried inside a capture")
+    if args.comm_hook != "none" and args.compiled_ddp == "python_reducer":
+        raise UsageError(f"--comm-hook {args.comm_hook} does not apply to --compiled-ddp python_reducer: compiled "
+                         f"autograd traces DDP's own all-reduce, not a hook")
     if loss_scale != "dynamic" and config["precision"] != "fp16":
         raise UsageError(f"--loss-scale {loss_scale:g} needs --precision fp16 (bf16 and fp32 need no loss scaling)")
     config.update(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph,
                   gradient_as_bucket_view=args.gradient_as_bucket_view, broadcast_buffers=args.broadcast_buffers,
+                  comm_hook=args.comm_hook,
                   # what runs: without a choice PyTorch splits a compiled graph at DDP's buckets (ddp_optimizer)
                   compiled_ddp=args.compiled_ddp or ("ddp_optimizer" if config["compile"] and world_size > 1
                                                      else None), cuda_graphs=cuda_graphs,
@@ -1305,6 +1329,10 @@ def resolve_strategies(args, explicit):
         raise UsageError("--compile is not supported by oss_benchmark.py: the strategies' own hooks (fairscale, "
                          "the ZeRO comm hook, the phase instrumentation) are measured eagerly; ddp_resnet50.py "
                          "--compile measures compiled DDP")
+    if args.comm_hook != "none":
+        raise UsageError(f"--comm-hook {args.comm_hook} is not supported by oss_benchmark.py: it compares each "
+                         f"strategy's own communication, which a compressed DDP all-reduce would change for some "
+                         f"and not others; ddp_resnet50.py --comm-hook measures it")
     if args.fsdp_param_dtype == "compute" and any(name.startswith("fsdp") for name in strategies):
         if args.device == "cpu":
             raise UsageError("--fsdp-param-dtype compute needs --device cuda: CPU autocast runs BatchNorm in fp32 "

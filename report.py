@@ -227,8 +227,10 @@ def effective_options(config, benchmark, world_size, environment=None):
     - any other TORCHINDUCTOR_ variable the run was given (its cache folder aside), as inductor_environment:
       it changes what Inductor generates;
     - cuDNN's autotuning limit (recorded since --cudnn-benchmark-limit): PyTorch's default, 10 algorithms per
-      convolution, where cuDNN autotuned."""
+      convolution, where cuDNN autotuned;
+    - the DDP comm hook (recorded since --comm-hook): none, DDP's own all-reduce."""
     config, environment = dict(config), environment or {}
+    config.setdefault("comm_hook", "none")
     if (config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config
             and benchmark in (NATIVE, LIGHTNING)):
         config["compiled_ddp"] = "ddp_optimizer"

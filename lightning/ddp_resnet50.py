@@ -197,6 +197,12 @@ def add_ddp_arguments(parser, cuda_graphs):
                         help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward; "
                              "without it each rank keeps its own statistics")
     parser.add_argument("--static-graph", action="store_true", help="tell DDP the graph never changes")
+    parser.add_argument("--comm-hook", choices=COMM_HOOKS, default="none",
+                        help="DDP communication hook: none (DDP's own all-reduce of the fp32 gradients, the "
+                             "default) or PyTorch's bf16_compress / fp16_compress (ddp_comm_hooks.default_hooks): "
+                             "each bucket is cast to bf16 / fp16 and divided by the world size for the all-reduce "
+                             "(half the bytes), then copied back, so the averaged gradient keeps 8 / 11 significant "
+                             "bits")
     parser.add_argument("--compiled-ddp", choices=["ddp_optimizer", "python_reducer", "no_optimization"],
                         help="how torch.compile treats DDP (torch._dynamo.config.optimize_ddp): split the graph at "
                              "bucket boundaries (PyTorch's default), trace the reducer with compiled autograd, or "
@@ -209,6 +215,17 @@ def add_ddp_arguments(parser, cuda_graphs):
                             help="fp16 only: dynamic (GradScaler, default) or a fixed power of two S: the loss "
                                  "is multiplied by S and the gradients by 1/S with no overflow check, so the step "
                                  "needs no host sync and fits a CUDA graph; a non-finite loss fails the run")
+
+
+COMM_HOOKS = ("none", "bf16_compress", "fp16_compress")
+
+
+def comm_hook_function(config):
+    """The DDP communication hook --comm-hook names (None: DDP's own all-reduce)."""
+    if config["comm_hook"] == "none":
+        return None
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    return getattr(default_hooks, f"{config['comm_hook']}_hook")
 
 
 def bucket_megabytes(text):
@@ -238,10 +255,17 @@ def resolve_ddp_options(args, config, world_size):
         raise UsageError("--coordinate-descent-tuning needs --compile or --compile-mode: it tunes Inductor's kernels")
     cuda_graphs = bool(getattr(args, "cuda_graphs", False))
     loss_scale = getattr(args, "loss_scale", "dynamic")
+    if args.comm_hook != "none" and cuda_graphs:
+        raise UsageError(f"--comm-hook {args.comm_hook} with --cuda-graphs is not supported: the hook copies the "
+                         f"all-reduced bucket back in a future's callback, which was not tried inside a capture")
+    if args.comm_hook != "none" and args.compiled_ddp == "python_reducer":
+        raise UsageError(f"--comm-hook {args.comm_hook} does not apply to --compiled-ddp python_reducer: compiled "
+                         f"autograd traces DDP's own all-reduce, not a hook")
     if loss_scale != "dynamic" and config["precision"] != "fp16":
         raise UsageError(f"--loss-scale {loss_scale:g} needs --precision fp16 (bf16 and fp32 need no loss scaling)")
     config.update(bucket_cap_mb=args.bucket_cap_mb, static_graph=args.static_graph,
                   gradient_as_bucket_view=args.gradient_as_bucket_view, broadcast_buffers=args.broadcast_buffers,
+                  comm_hook=args.comm_hook,
                   # what runs: without a choice PyTorch splits a compiled graph at DDP's buckets (ddp_optimizer)
                   compiled_ddp=args.compiled_ddp or ("ddp_optimizer" if config["compile"] and world_size > 1
                                                      else None), cuda_graphs=cuda_graphs,
@@ -1216,6 +1240,15 @@ class CurrentStreamDDPStrategy(DDPStrategy):
     def _setup_model(self, model):
         return DistributedDataParallel(module=model, device_ids=self.determine_ddp_device_ids(), **self._ddp_kwargs)
 
+    def _register_ddp_hooks(self):
+        """Lightning registers a DDP comm hook on CUDA only (a limit of PyTorch 1.8); gloo takes one too, and the
+        CPU twin must run the --comm-hook it records, as native does."""
+        if self.root_device.type == "cuda":
+            return super()._register_ddp_hooks()
+        if self._ddp_comm_hook is not None:
+            self.model.register_comm_hook(None, self._ddp_comm_hook)
+        return None
+
 
 class ResNet50Benchmark(L.LightningModule):
     def __init__(self, config, args, result, stop, wall_start):
@@ -1319,6 +1352,9 @@ def main(argv=None):
     if args.compiled_ddp == "python_reducer":
         raise UsageError("--compiled-ddp python_reducer is not supported by the Lightning twin: Lightning runs the "
                          "backward itself, outside the compiled module, and compiled autograd was not tried there")
+    if args.comm_hook != "none" and args.lightning_ddp_side_stream and config["device"] == "cpu":
+        raise UsageError("--comm-hook with --lightning-ddp-side-stream needs --device cuda: Lightning's own "
+                         "DDPStrategy registers a comm hook on CUDA only")
     config.update(model="resnet50", optimizer="sgd", optimizer_impl=sgd_implementation(config),
                   lightning_sigterm_sync=args.lightning_sigterm_sync,
                   lightning_ddp_side_stream=args.lightning_ddp_side_stream, devices=args.devices, num_nodes=args.num_nodes,
@@ -1339,7 +1375,8 @@ def main(argv=None):
                                       timeout=datetime.timedelta(seconds=config["timeout_s"]),
                                       bucket_cap_mb=config["bucket_cap_mb"], static_graph=config["static_graph"],
                                       **ddp_buffer_option(config),
-                                      gradient_as_bucket_view=config["gradient_as_bucket_view"])
+                                      gradient_as_bucket_view=config["gradient_as_bucket_view"],
+                                      ddp_comm_hook=comm_hook_function(config))
         else:
             strategy = "auto"  # one device: no DDP wrapper, as native
         quiet_lightning()

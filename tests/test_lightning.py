@@ -80,6 +80,8 @@ SRUN = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_S
     (["--precision", "fp16"], {}, "fp16 needs a GPU"),
     (["--devices", "3", "--global-batch-size", "8"], {}, "not divisible by the world size 3"),
     (["--compile", "--compiled-ddp", "python_reducer"], {}, "python_reducer is not supported by the Lightning twin"),
+    (["--devices", "2", "--comm-hook", "bf16_compress", "--lightning-ddp-side-stream"], {},
+     "--comm-hook with --lightning-ddp-side-stream needs --device cuda"),
 ])
 def test_bad_input(twin, argv, env, rule, tmp_path, monkeypatch, capsys):
     for name in list(SRUN) + ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",

@@ -253,6 +253,7 @@ def test_missing_fairscale_names_the_extra(tmp_path):
     (["--device", "cpu", "--strategy", "zero1_overlap"], "--strategy zero1_overlap cannot run on gloo (cpu)"),
     (["--table", "x.json", "--strategy", "ddp"], "--table only reads result files"),
     (["--compile"], "--compile is not supported"),
+    (["--comm-hook", "bf16_compress"], "--comm-hook bf16_compress is not supported by oss_benchmark.py"),
     (["--model", "not_a_model"], "not a torchvision classification model"),
     (["--device", "cuda", "--strategy", "zero1_overlap", "--precision", "fp16"], "zero1_overlap cannot use fp16"),
     (["--device", "cuda", "--strategy", "zero1_overlap", "--warmup-steps", "2"], "needs --warmup-steps >= 3"),

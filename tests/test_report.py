@@ -439,6 +439,11 @@ def test_compiled_ddp_mode_is_read_from_what_each_script_does(report):
     assert report.effective_options(eager, report.LIGHTNING, 2)["compiled_ddp"] is None
 
 
+def test_results_from_before_comm_hook_ran_ddps_own_all_reduce(report):
+    assert report.effective_options({}, report.NATIVE, 2)["comm_hook"] == "none"
+    assert report.effective_options({"comm_hook": "bf16_compress"}, report.NATIVE, 2)["comm_hook"] == "bf16_compress"
+
+
 def test_inductor_tuning_is_read_from_the_config_or_the_recorded_environment(report):
     """Runs tuned through environment variables (before --coordinate-descent-tuning existed) are told apart
     from untuned ones, and from each other where another TORCHINDUCTOR_ variable changed the kernels."""

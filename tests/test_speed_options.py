@@ -4,7 +4,8 @@ Their speed is proven by the device runs in results/; here they must reach the m
 refused in one line where they cannot work."""
 import pytest
 
-from conftest import NATIVE, SMALL, expect_usage_error, pretend_gpus, read_result, resolve_config, run_script
+from conftest import (LIGHTNING, NATIVE, SMALL, expect_usage_error, load_script, pretend_gpus, read_result,
+                      resolve_config, run_script)
 
 @pytest.mark.parametrize("argv,rule", [
     (["--cuda-graphs", "--device", "cpu"], "--cuda-graphs needs --device cuda"),
@@ -21,6 +22,11 @@ from conftest import NATIVE, SMALL, expect_usage_error, pretend_gpus, read_resul
     (["--loss-scale", "0.5", "--precision", "fp16"], "must be dynamic or a power of two"),
     (["--loss-scale", str(2**25), "--precision", "fp16"], "from 1 to 2**24"),
     (["--bucket-cap-mb", "1e300"], "must be at most 1e6 MB"),
+    (["--comm-hook", "bf16_compress", "--cuda-graphs", "--warmup-steps", "20"],
+     "--comm-hook bf16_compress with --cuda-graphs is not supported"),
+    (["--comm-hook", "fp16_compress", "--compile", "--compiled-ddp", "python_reducer"],
+     "does not apply to --compiled-ddp python_reducer"),
+    (["--comm-hook", "powersgd"], "invalid choice"),
 ])
 def test_bad_combinations(native, argv, rule, tmp_path, monkeypatch, capsys):
     pretend_gpus(monkeypatch, count=2)
@@ -65,6 +71,51 @@ def test_ddp_options_reach_the_run_and_the_result(tmp_path):
     assert (config["bucket_cap_mb"], config["gradient_as_bucket_view"], config["static_graph"],
             config["broadcast_buffers"]) == (10.0, False, True, False)
     assert result["checks"]["parameters_synchronized"] is True
+
+
+def test_a_comm_hook_reaches_ddp_and_the_twins_train_alike_with_it(tmp_path):
+    # Both twins with PyTorch's fp16 compression of the all-reduce (gloo takes fp16 and bf16): the same loss at
+    # every step and the same weights, as without a hook; the option is recorded.
+    results = {}
+    for script, extra in ((NATIVE, []), (LIGHTNING, ["--devices", "2"])):
+        output = tmp_path / f"{script.parent.name}-hook.json"
+        proc = run_script(script, [*SMALL, "--comm-hook", "fp16_compress", "--output", str(output), *extra],
+                          nproc=1 if extra else 2)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        results[script] = read_result(output)
+        assert results[script]["config"]["comm_hook"] == "fp16_compress"
+        assert results[script]["checks"]["parameters_synchronized"] is True
+    native, lightning = results[NATIVE], results[LIGHTNING]
+    assert lightning["loss_per_step"] == pytest.approx(native["loss_per_step"], rel=1e-5, abs=1e-6)
+    assert lightning["checks"]["final_parameter_checksum"] == pytest.approx(
+        native["checks"]["final_parameter_checksum"], rel=1e-6)
+
+
+@pytest.mark.parametrize("hook", ["none", "bf16_compress", "fp16_compress"])
+def test_each_script_registers_the_comm_hook_it_records(native, hook, tmp_path, monkeypatch):
+    # DDP's own log names the hook that runs: native's build_step and the Lightning twin's strategy (which
+    # registers it on the CPU too, where Lightning's DDPStrategy would skip it) register the one asked for.
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    twin = load_script(LIGHTNING, "lightning_twin_hooks")
+    args = native.parse_arguments([*SMALL, "--comm-hook", hook, "--output", str(tmp_path / "r.json")])
+    config, _ = native.resolve_config(args, native.detect_launch({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                                                                   "LOCAL_WORLD_SIZE": "2"}))
+    monkeypatch.setattr(native, "build_model", lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3),
+                        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 10)))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        _, model = native.build_step(config, torch.device("cpu"), 0, 2)
+        strategy = twin.CurrentStreamDDPStrategy(ddp_comm_hook=twin.comm_hook_function(config))
+        strategy.parallel_devices = [torch.device("cpu")]
+        strategy.model = DistributedDataParallel(torch.nn.Linear(4, 4))
+        strategy._register_ddp_hooks()
+        expected = None if hook == "none" else f"{hook}_hook"
+        assert model._get_ddp_logging_data().get("comm_hook") == expected
+        assert strategy.model._get_ddp_logging_data().get("comm_hook") == expected
+    finally:
+        dist.destroy_process_group()
 
 
 def test_ddp_defaults_use_bucket_views_and_broadcast_buffers(native, tmp_path):

@@ -11,7 +11,8 @@
 # final4; the fourth session's next5, twins6, autotune5 and exit6; the fifth session's s8a, s8b and s8c (next7,
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
-# the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b.
+# the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
+# and s13b.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -466,6 +467,44 @@ section_s12b() {  # session 8, call 3 (issue 7): next9 (compiled 2-GPU scaling w
   # under the same telemetry
   telemetry start
   section_next9
+  telemetry stop
+}
+
+section_s13a() {  # session 9, call 1 (issue 2, issue 7): does halving the all-reduce's bytes (--comm-hook
+  # bf16_compress / fp16_compress) take eager 2-GPU scaling to 99 %? Alternated with the plain all-reduce, one-GPU
+  # pairs before and after, 300 timed steps under 100 ms telemetry; the Lightning twin with the hook once.
+  local e=(--warmup-steps 10 --steps 300) nobb=(--no-broadcast-buffers) n=s13-native-2gpu-bf16-256-nobb
+  telemetry start
+  pair "s13-native-1gpu-bf16-256-gpu0 120 ddp_resnet50.py ${e[*]}" "s13-native-1gpu-bf16-256-gpu1 120 ddp_resnet50.py ${e[*]}"
+  bench "$n" 0,1 120 "${TWO[@]}" ddp_resnet50.py "${nobb[@]}" "${e[@]}"
+  bench "$n-bf16hook" 0,1 120 "${TWO[@]}" ddp_resnet50.py "${nobb[@]}" --comm-hook bf16_compress "${e[@]}"
+  bench "$n-fp16hook" 0,1 120 "${TWO[@]}" ddp_resnet50.py "${nobb[@]}" --comm-hook fp16_compress "${e[@]}"
+  bench "$n-bf16hook-b" 0,1 120 "${TWO[@]}" ddp_resnet50.py "${nobb[@]}" --comm-hook bf16_compress "${e[@]}"
+  bench "$n-b" 0,1 120 "${TWO[@]}" ddp_resnet50.py "${nobb[@]}" "${e[@]}"
+  bench "$n-c" 0,1 120 "${TWO[@]}" ddp_resnet50.py "${nobb[@]}" "${e[@]}"
+  bench "$n-bf16hook-c" 0,1 120 "${TWO[@]}" ddp_resnet50.py "${nobb[@]}" --comm-hook bf16_compress "${e[@]}"
+  bench s13-lightning-2gpu-bf16-256-nobb-bf16hook 0,1 150 "$PY" lightning/ddp_resnet50.py --devices 2 "${nobb[@]}" \
+    --comm-hook bf16_compress "${e[@]}"
+  pair "s13-native-1gpu-bf16-256-gpu0-b 120 ddp_resnet50.py ${e[*]}" "s13-native-1gpu-bf16-256-gpu1-b 120 ddp_resnet50.py ${e[*]}"
+  telemetry stop
+}
+
+section_s13b() {  # session 9, call 2 (issue 7): the same for the compiled step, which runs at the 700 W limit
+  # (eighth session): fewer bytes on NVLink, a shorter all-reduce after the compiled backward (no_optimization) or
+  # inside it (ddp_optimizer, 50 MB buckets). One-GPU pairs before and after.
+  local c=(--compile --warmup-steps 10 --steps 300) noopt=(--compiled-ddp no_optimization --no-broadcast-buffers)
+  local n=s13-native-2gpu-bf16-256-compile-noopt-nobb hook=(--comm-hook bf16_compress)
+  telemetry start
+  pair "s13-native-1gpu-bf16-256-compile-gpu0 300 ddp_resnet50.py ${c[*]}" \
+       "s13-native-1gpu-bf16-256-compile-gpu1 300 ddp_resnet50.py ${c[*]}"
+  bench "$n" 0,1 300 "${TWO[@]}" ddp_resnet50.py "${noopt[@]}" "${c[@]}"
+  bench "$n-bf16hook" 0,1 200 "${TWO[@]}" ddp_resnet50.py "${noopt[@]}" "${hook[@]}" "${c[@]}"
+  bench "$n-bf16hook-b" 0,1 200 "${TWO[@]}" ddp_resnet50.py "${noopt[@]}" "${hook[@]}" "${c[@]}"
+  bench "$n-b" 0,1 200 "${TWO[@]}" ddp_resnet50.py "${noopt[@]}" "${c[@]}"
+  pair "s13-native-1gpu-bf16-256-compile-gpu0-b 200 ddp_resnet50.py ${c[*]}" \
+       "s13-native-1gpu-bf16-256-compile-gpu1-b 200 ddp_resnet50.py ${c[*]}"
+  bench s13-native-2gpu-bf16-256-compile-ddpopt-b50-nobb-bf16hook 0,1 200 "${TWO[@]}" ddp_resnet50.py \
+    --compiled-ddp ddp_optimizer --bucket-cap-mb 50 --no-broadcast-buffers "${hook[@]}" "${c[@]}"
   telemetry stop
 }
 
