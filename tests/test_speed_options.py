@@ -292,3 +292,21 @@ def test_the_probes_refuse_an_unwritable_json_before_measuring(probe, tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0] == f"{probe[1]}: error: --json directory {blocked} cannot be written ({blocked} is not a writable directory)"
+
+
+def test_the_link_load_all_reduces_at_its_pace_and_writes_its_window(tmp_path):
+    """docs/diagnostics/compiled-scaling/link_load.py (the controlled test of the power share) on 2 gloo ranks."""
+    from conftest import ROOT
+    load = ROOT / "docs" / "diagnostics" / "compiled-scaling" / "link_load.py"
+    output = tmp_path / "busy.json"
+    proc = run_script(load, ["--mode", "busy", "--seconds", "1", "--megabytes", "1", "--period-ms", "100",
+                             "--device", "cpu", "--json", str(output)], nproc=2)
+    assert proc.returncode == 0, proc.stderr
+    import json
+    result = json.loads(output.read_text())
+    assert result["mode"] == "busy" and result["world_size"] == 2 and 5 <= result["all_reduces"] <= 11
+    assert result["all_reduce_ms"]["count"] == result["all_reduces"] and 0 < result["busy_share"] < 1
+    first, last = result["window_utc"]
+    assert first < last and result["wall_s"] >= 1
+    proc = run_script(load, ["--mode", "busy"], nproc=1)  # not under torchrun: one line, exit 2
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "under torchrun" in proc.stderr

@@ -12,7 +12,7 @@
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
-# and s13b.
+# to s13c.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -505,6 +505,27 @@ section_s13b() {  # session 9, call 2 (issue 7): the same for the compiled step,
        "s13-native-1gpu-bf16-256-compile-gpu1-b 200 ddp_resnet50.py ${c[*]}"
   bench s13-native-2gpu-bf16-256-compile-ddpopt-b50-nobb-bf16hook 0,1 200 "${TWO[@]}" ddp_resnet50.py \
     --compiled-ddp ddp_optimizer --bucket-cap-mb 50 --no-broadcast-buffers "${hook[@]}" "${c[@]}"
+  telemetry stop
+}
+
+section_s13c() {  # session 9, call 4 (issue 7): a controlled test of the power share. One-GPU compiled pairs alone,
+  # beside an idle NCCL group of two other processes on the same GPUs, beside the same group all-reducing
+  # ResNet-50's 97.5 MiB every 39 ms (DDP's traffic at a compiled 2-GPU step's pace; link_load.py), alone again.
+  local c=(--compile --warmup-steps 10 --steps 300) load=docs/diagnostics/compiled-scaling/link_load.py mode pid
+  mkdir -p "$OUT_DIR/diag"
+  telemetry start
+  pair "s13-native-1gpu-bf16-256-compile-alone-gpu0 300 ddp_resnet50.py ${c[*]}" \
+       "s13-native-1gpu-bf16-256-compile-alone-gpu1 300 ddp_resnet50.py ${c[*]}"
+  for mode in idle busy; do
+    run "s13-link-$mode" 0,1 90 "${TWO[@]}" "$load" --mode "$mode" --seconds 50 --json "$OUT_DIR/diag/link-$mode.json" &
+    pid=$!
+    sleep 5  # the group is up before the pair starts
+    pair "s13-native-1gpu-bf16-256-compile-$mode-gpu0 200 ddp_resnet50.py ${c[*]}" \
+         "s13-native-1gpu-bf16-256-compile-$mode-gpu1 200 ddp_resnet50.py ${c[*]}"
+    wait "$pid"
+  done
+  pair "s13-native-1gpu-bf16-256-compile-alone-gpu0-b 200 ddp_resnet50.py ${c[*]}" \
+       "s13-native-1gpu-bf16-256-compile-alone-gpu1-b 200 ddp_resnet50.py ${c[*]}"
   telemetry stop
 }
 
