@@ -19,7 +19,6 @@ UTC window it ran, to line up with the GPU telemetry (tools/telemetry.py). `--de
 (the CI test).
 """
 import datetime
-import os
 import pathlib
 import sys
 import time
@@ -29,6 +28,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
 import ddp_resnet50 as bench  # noqa: E402  (the harness's one-line errors, statistics and JSON writer)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import probe_checks  # noqa: E402
 
 
 def utc_now():
@@ -41,24 +43,11 @@ def main():
     parser.add_argument("--seconds", type=bench.positive_float, default=50.0)
     parser.add_argument("--megabytes", type=bench.positive_float, default=97.5)
     parser.add_argument("--period-ms", type=bench.positive_float, default=39.0)
-    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--json")
+    probe_checks.add_distributed_arguments(parser)
     args = parser.parse_args()
-    if args.json:  # before any traffic: an unwritable path is bad input, not a traceback at the end
-        try:
-            bench.check_output_path(args.json, overwrite=True)
-        except bench.UsageError as error:
-            raise bench.UsageError(str(error).replace("--output", "--json", 1)) from None
-    if "RANK" not in os.environ:
-        raise bench.UsageError("run it under torchrun with 2 or more processes: the traffic is between ranks")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise bench.UsageError("--device cuda needs a CUDA GPU and none is visible (--device cpu runs on gloo)")
+    probe_checks.check_distributed_launch(args, "with 2 or more processes, the traffic is between ranks")
 
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    device = torch.device("cuda", local_rank) if args.device == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    rank, device = probe_checks.start_distributed(args.device)
     buffer = torch.ones(int(args.megabytes * 2**20) // 4, device=device)
     dist.all_reduce(buffer)  # the group and its links are set up before the window starts
     if device.type == "cuda":

@@ -19,7 +19,6 @@ is hidden there; the tail's GPU time alone is not isolated by this probe.
 --hook bf16 registers PyTorch's bf16_compress_hook (the gradients all-reduced in bfloat16, half the bytes).
 --device cpu runs the same on gloo (the CI test; only --hook none there).
 """
-import os
 import pathlib
 import sys
 
@@ -31,6 +30,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
 import ddp_resnet50 as bench  # noqa: E402  (the harness's median and MAD, its JSON writer and checks)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import probe_checks  # noqa: E402
 
 
 class AllGradients(torch.autograd.Function):
@@ -83,33 +85,20 @@ def main():
     parser.add_argument("--hook", choices=["none", "bf16"], default="none")
     parser.add_argument("--bucket-cap-mb", type=bench.bucket_megabytes, default=25.0)
     parser.add_argument("--iterations", type=bench.positive_int, default=50)
-    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--json")
+    probe_checks.add_distributed_arguments(parser)
     args = parser.parse_args()
-    if args.json:  # before any measuring: an unwritable path is bad input, not a traceback at the end
-        try:
-            bench.check_output_path(args.json, overwrite=True)
-        except bench.UsageError as error:
-            raise bench.UsageError(str(error).replace("--output", "--json", 1)) from None
-    if "RANK" not in os.environ:
-        raise bench.UsageError("run it under torchrun: the tail is what two or more ranks add")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise bench.UsageError("--device cuda needs a CUDA GPU and none is visible (--device cpu runs on gloo)")
+    probe_checks.check_distributed_launch(args, "the tail is what two or more ranks add")
     if args.device == "cpu" and args.hook == "bf16":
         raise bench.UsageError("--hook bf16 is for NCCL on the GPU (--device cpu runs gloo with --hook none)")
 
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    device = torch.device("cuda", local_rank) if args.device == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    rank, device = probe_checks.start_distributed(args.device)
     world_size = dist.get_world_size()
     torch.manual_seed(rank)  # each rank its own gradients (DDP broadcasts rank 0's parameters)
     source = GradientSource(device)
     anchor = torch.zeros(1, device=device, requires_grad=True)
     plain = time_iterations(source, anchor, args.iterations, device)
 
-    wrapped = DistributedDataParallel(source, device_ids=[local_rank] if device.type == "cuda" else None,
+    wrapped = DistributedDataParallel(source, device_ids=[device.index] if device.type == "cuda" else None,
                                       bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True,
                                       broadcast_buffers=False)
     if args.hook == "bf16":

@@ -28,6 +28,9 @@ import torchvision
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
 import ddp_resnet50 as bench  # noqa: E402  (the harness's median and MAD)
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import probe_checks  # noqa: E402
+
 
 class ScatterMaxPool(torch.autograd.Function):
     """3x3, stride 2, padding 1 max pool (ResNet's) whose backward scatters each output gradient to its argmax."""
@@ -88,11 +91,7 @@ def main():
     parser.add_argument("--iterations", type=bench.positive_int, default=100)
     parser.add_argument("--json")
     args = parser.parse_args()
-    if args.json:  # before any measuring: an unwritable path is bad input, not a traceback at the end
-        try:
-            bench.check_output_path(args.json, overwrite=True)
-        except bench.UsageError as error:
-            raise bench.UsageError(str(error).replace("--output", "--json", 1)) from None
+    probe_checks.check_json_path(args.json)
     if args.check:
         check()
         return

@@ -1,0 +1,46 @@
+"""The checks the diagnostic probes share, on top of ddp_resnet50.py's harness (one-line errors, exit 2):
+an unwritable --json refused before any measuring, and the launch a distributed probe needs."""
+import os
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+import ddp_resnet50 as bench  # noqa: E402
+
+
+def check_json_path(path):
+    """An unwritable --json is bad input, said before the measuring, not a traceback at its end."""
+    if path:
+        try:
+            bench.check_output_path(path, overwrite=True)
+        except bench.UsageError as error:
+            raise bench.UsageError(str(error).replace("--output", "--json", 1)) from None
+
+
+def check_distributed_launch(args, why):
+    """The --json path, then the launch: under torchrun, and on a GPU when --device cuda (`why` says what the
+    ranks are for)."""
+    check_json_path(args.json)
+    if "RANK" not in os.environ:
+        raise bench.UsageError(f"run it under torchrun: {why}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise bench.UsageError("--device cuda needs a CUDA GPU and none is visible (--device cpu runs on gloo)")
+
+
+def add_distributed_arguments(parser):
+    """--device (cuda: NCCL; cpu: gloo, the CI test) and --json, as every distributed probe takes them."""
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--json")
+
+
+def start_distributed(device_name):
+    """This rank's number and device, its process group started (NCCL on the GPU, gloo on the CPU)."""
+    import torch.distributed as dist
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local_rank) if device_name == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return rank, device
