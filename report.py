@@ -963,9 +963,15 @@ def main(argv=None):
     return status
 
 
-if __name__ == "__main__":
+def run_cli(main, program):
+    """Run a command-line main(): its exit code, or bad input as one line and exit 2 (report.py and the tools
+    that read results with it)."""
     try:
         sys.exit(main())
     except UsageError as error:
-        print(f"report.py: error: {error}", file=sys.stderr)
+        print(f"{program}: error: {error}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
+
+
+if __name__ == "__main__":
+    run_cli(main, "report.py")

@@ -32,7 +32,7 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from report import EXIT_USAGE, OneLineArgumentParser, UsageError, read_result_file  # noqa: E402  (no torch)
+from report import OneLineArgumentParser, UsageError, read_result_file, run_cli  # noqa: E402  (no torch)
 
 SW_POWER_CAP = 0x4
 COLUMNS = {"timestamp": "timestamp", "index": "index", "uuid": "uuid", "clocks.current.sm [MHz]": "sm_mhz",
@@ -235,8 +235,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UsageError as error:
-        print(f"telemetry.py: error: {error}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+    run_cli(main, "telemetry.py")

@@ -1,5 +1,7 @@
 """The checks the diagnostic probes share, on top of ddp_resnet50.py's harness (one-line errors, exit 2):
-an unwritable --json refused before any measuring, and the launch a distributed probe needs."""
+an unwritable --json refused before any measuring, the launch a distributed probe needs, and sizes that do not
+fit in memory."""
+import contextlib
 import os
 import pathlib
 import sys
@@ -44,3 +46,15 @@ def start_distributed(device_name):
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return rank, device
+
+
+@contextlib.contextmanager
+def fits_in_memory(what):
+    """A size the device cannot hold (`what` names the option) is bad input: one line, not a traceback. The
+    CPU's allocator reports it as a plain RuntimeError, CUDA's as OutOfMemoryError."""
+    try:
+        yield
+    except RuntimeError as error:
+        if not (isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)):
+            raise
+        raise bench.UsageError(f"{what} does not fit in this device's memory") from None

@@ -18,7 +18,6 @@ It writes (rank 0) the mode, the all-reduces made, their median time and their s
 UTC window it ran, to line up with the GPU telemetry (tools/telemetry.py). `--device cpu` runs the same on gloo
 (the CI test).
 """
-import datetime
 import pathlib
 import sys
 import time
@@ -33,27 +32,24 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import probe_checks  # noqa: E402
 
 
-def utc_now():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
-
-
 def main():
     parser = bench.OneLineArgumentParser(description=__doc__.splitlines()[0])  # bad input: one line, exit 2
     parser.add_argument("--mode", choices=["busy", "idle"], required=True)
     parser.add_argument("--seconds", type=bench.positive_float, default=50.0)
-    parser.add_argument("--megabytes", type=bench.positive_float, default=97.5)
+    parser.add_argument("--megabytes", type=bench.bucket_megabytes, default=97.5)
     parser.add_argument("--period-ms", type=bench.positive_float, default=39.0)
     probe_checks.add_distributed_arguments(parser)
     args = parser.parse_args()
     probe_checks.check_distributed_launch(args, "with 2 or more processes, the traffic is between ranks")
 
     rank, device = probe_checks.start_distributed(args.device)
-    buffer = torch.ones(int(args.megabytes * 2**20) // 4, device=device)
+    with probe_checks.fits_in_memory(f"--megabytes {args.megabytes:g}"):
+        buffer = torch.ones(int(args.megabytes * 2**20) // 4, device=device)
     dist.all_reduce(buffer)  # the group and its links are set up before the window starts
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dist.barrier()
-    started, begin = utc_now(), time.perf_counter()
+    started, begin = bench.utc_text(time.time()), time.perf_counter()
     times = []
     if args.mode == "idle":
         time.sleep(args.seconds)
@@ -74,7 +70,7 @@ def main():
             buffer.fill_(1.0)  # keep the values finite
             time.sleep(max(0.0, period - (time.perf_counter() - tick)))
     wall = time.perf_counter() - begin
-    stopped = utc_now()
+    stopped = bench.utc_text(time.time())
     dist.barrier()
     stats = bench.summarize(times) if times else None
     result = {"mode": args.mode, "world_size": dist.get_world_size(), "megabytes": args.megabytes,

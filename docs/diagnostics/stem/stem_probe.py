@@ -116,21 +116,22 @@ def main():
     stem = torch.nn.Sequential(*modules).to(device, memory_format=torch.channels_last)
     if args.compile:
         stem = torch.compile(stem)
-    images = torch.randn(args.batch, 3, 224, 224, device=device)
-    if args.pad_channels != 3:
-        images = torch.cat([images, images.new_zeros(args.batch, args.pad_channels - 3, 224, 224)], 1)
-    images = images.contiguous(memory_format=torch.channels_last)
-    out_shape = stem(images).shape
-    grad_out = torch.randn(out_shape, device=device, dtype=torch.bfloat16).contiguous(
-        memory_format=torch.channels_last)
 
     def iteration():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = stem(images)
         out.backward(grad_out)
 
-    for _ in range(10):
-        iteration()
+    with probe_checks.fits_in_memory(f"--batch {args.batch}"):
+        images = torch.randn(args.batch, 3, 224, 224, device=device)
+        if args.pad_channels != 3:
+            images = torch.cat([images, images.new_zeros(args.batch, args.pad_channels - 3, 224, 224)], 1)
+        images = images.contiguous(memory_format=torch.channels_last)
+        out_shape = stem(images).shape
+        grad_out = torch.randn(out_shape, device=device, dtype=torch.bfloat16).contiguous(
+            memory_format=torch.channels_last)
+        for _ in range(10):  # the warm-up reaches the peak memory of the timed iterations
+            iteration()
     torch.cuda.synchronize()
     events = [torch.cuda.Event(enable_timing=True) for _ in range(args.iterations + 1)]
     events[0].record()
