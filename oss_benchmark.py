@@ -230,7 +230,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def add_ddp_arguments(parser, cuda_graphs):
+def add_ddp_arguments(parser, cuda_graphs, fixed_loss_scale):
     parser.add_argument("--bucket-cap-mb", type=bucket_megabytes, default=25.0, help="DDP gradient bucket size")
     parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
                         help="let gradients alias DDP's buckets: saves DDP's copy of every gradient back from its "
@@ -253,7 +253,9 @@ def add_ddp_arguments(parser, cuda_graphs):
     if cuda_graphs:
         parser.add_argument("--cuda-graphs", action="store_true",
                             help="capture the whole training step (forward, backward with DDP's all-reduce, "
-                                 "optimizer step) in one CUDA graph after the eager warm-up, and replay it")
+                                 "optimizer step) in one CUDA graph after the eager warm-up, and replay it (the "
+                                 "Lightning twin runs its step with manual optimization for it)")
+    if fixed_loss_scale:
         parser.add_argument("--loss-scale", type=loss_scale_value, default="dynamic",
                             help="fp16 only: dynamic (GradScaler, default) or a fixed power of two S: the loss "
                                  "is multiplied by S and the gradients by 1/S with no overflow check, so the step "
@@ -317,6 +319,7 @@ def resolve_ddp_options(args, config, world_size):
     if cuda_graphs:
         if config["device"] != "cuda":
             raise UsageError("--cuda-graphs needs --device cuda")
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"  # NCCL's watchdog must not poll captured work
         if config["compile_mode"] in ("reduce-overhead", "max-autotune"):
             raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
                              f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
@@ -1200,6 +1203,37 @@ def fail(error, result, rank, world_size, store, device, wall_start):
           file=sys.stderr, flush=True)
     os._exit(exit_code_for(failure["kind"], signal.SIGINT))
 
+class GraphedStep:
+    """Eager warm-up steps on a side stream, the capture of one whole step as the last warm-up step, then
+    replays. A replay launches the step's ~thousand kernels at once, which is what a small batch needs."""
+
+    def __init__(self, step, eager_steps):
+        self.step, self.eager_steps = step, eager_steps
+        self.stream, self.graph, self.static_loss = torch.cuda.Stream(), None, None
+
+    def __call__(self):
+        if self.graph is None and self.eager_steps > 0:
+            self.eager_steps -= 1
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                loss = self.step()
+            torch.cuda.current_stream().wait_stream(self.stream)
+            return loss
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):  # records the step; nothing runs until replay
+                self.static_loss = self.step()
+        self.graph.replay()
+        return self.static_loss.clone()
+
+    def reset(self):
+        """Free the captured graph (after a synchronize), before the process group is destroyed."""
+        if self.graph is not None:
+            torch.cuda.synchronize()
+            self.graph.reset()
+        self.graph = self.static_loss = None
+
+
 # ============================================================================ end of harness
 
 
@@ -1226,7 +1260,8 @@ def build_parser():
     # the harness's --lr default is SGD's; here it follows --optimizer (main() applies DEFAULT_LR)
     parser._option_string_actions["--lr"].help = ("learning rate (default per --optimizer: " + ", ".join(
         f"{name} {lr:g}" for name, lr in DEFAULT_LR.items()) + ")")
-    add_ddp_arguments(parser, cuda_graphs=False)  # for the strategies built on DDP (ddp, oss_ddp, zero1*)
+    # for the strategies built on DDP (ddp, oss_ddp, zero1*)
+    add_ddp_arguments(parser, cuda_graphs=False, fixed_loss_scale=False)
     parser.add_argument("--strategy", type=strategy_list, default="all",
                         help=f"one of {', '.join(STRATEGIES)}, a comma list, or all (those the backend can run)")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",

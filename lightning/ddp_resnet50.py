@@ -187,7 +187,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def add_ddp_arguments(parser, cuda_graphs):
+def add_ddp_arguments(parser, cuda_graphs, fixed_loss_scale):
     parser.add_argument("--bucket-cap-mb", type=bucket_megabytes, default=25.0, help="DDP gradient bucket size")
     parser.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
                         help="let gradients alias DDP's buckets: saves DDP's copy of every gradient back from its "
@@ -210,7 +210,9 @@ def add_ddp_arguments(parser, cuda_graphs):
     if cuda_graphs:
         parser.add_argument("--cuda-graphs", action="store_true",
                             help="capture the whole training step (forward, backward with DDP's all-reduce, "
-                                 "optimizer step) in one CUDA graph after the eager warm-up, and replay it")
+                                 "optimizer step) in one CUDA graph after the eager warm-up, and replay it (the "
+                                 "Lightning twin runs its step with manual optimization for it)")
+    if fixed_loss_scale:
         parser.add_argument("--loss-scale", type=loss_scale_value, default="dynamic",
                             help="fp16 only: dynamic (GradScaler, default) or a fixed power of two S: the loss "
                                  "is multiplied by S and the gradients by 1/S with no overflow check, so the step "
@@ -274,6 +276,7 @@ def resolve_ddp_options(args, config, world_size):
     if cuda_graphs:
         if config["device"] != "cuda":
             raise UsageError("--cuda-graphs needs --device cuda")
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"  # NCCL's watchdog must not poll captured work
         if config["compile_mode"] in ("reduce-overhead", "max-autotune"):
             raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
                              f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
@@ -1157,6 +1160,37 @@ def fail(error, result, rank, world_size, store, device, wall_start):
           file=sys.stderr, flush=True)
     os._exit(exit_code_for(failure["kind"], signal.SIGINT))
 
+class GraphedStep:
+    """Eager warm-up steps on a side stream, the capture of one whole step as the last warm-up step, then
+    replays. A replay launches the step's ~thousand kernels at once, which is what a small batch needs."""
+
+    def __init__(self, step, eager_steps):
+        self.step, self.eager_steps = step, eager_steps
+        self.stream, self.graph, self.static_loss = torch.cuda.Stream(), None, None
+
+    def __call__(self):
+        if self.graph is None and self.eager_steps > 0:
+            self.eager_steps -= 1
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                loss = self.step()
+            torch.cuda.current_stream().wait_stream(self.stream)
+            return loss
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):  # records the step; nothing runs until replay
+                self.static_loss = self.step()
+        self.graph.replay()
+        return self.static_loss.clone()
+
+    def reset(self):
+        """Free the captured graph (after a synchronize), before the process group is destroyed."""
+        if self.graph is not None:
+            torch.cuda.synchronize()
+            self.graph.reset()
+        self.graph = self.static_loss = None
+
+
 # ============================================================================ end of harness
 
 
@@ -1164,7 +1198,9 @@ def parse_arguments(argv=None):
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=HelpFormatter)
     add_harness_arguments(parser)
-    add_ddp_arguments(parser, cuda_graphs=False)  # Lightning owns the step: no whole-step capture
+    # --cuda-graphs runs the step inside training_step (manual optimization); fp16 there would need native's
+    # fixed --loss-scale, which Lightning's precision plugin does not offer (its GradScaler is dynamic)
+    add_ddp_arguments(parser, cuda_graphs=True, fixed_loss_scale=False)
     parser.add_argument("--devices", type=positive_int, default=1, help="devices (processes) per node")
     parser.add_argument("--num-nodes", type=positive_int, default=1, help="nodes")
     parser.add_argument("--lightning-sigterm-sync", action="store_true",
@@ -1172,7 +1208,12 @@ def parse_arguments(argv=None):
                              "(a device sync every step); by default the harness's host-side check replaces it")
     parser.add_argument("--lightning-ddp-side-stream", action="store_true",
                         help="build DDP on a new CUDA stream, as Lightning's DDPStrategy does (1.0 ms a step on "
-                             "2 H200); by default it is built on the current stream, as in the native script")
+                             "2 H200); by default it is built on the current stream, as in the native script, "
+                             "except with --cuda-graphs, whose captured all-reduce needs the side stream")
+    parser.add_argument("--lightning-manual-optimization", action="store_true",
+                        help="run the whole step in training_step (automatic_optimization=False: zero_grad, "
+                             "manual_backward, optimizer.step), as --cuda-graphs does to capture it; by default "
+                             "Lightning's automatic optimization runs it")
     return parser.parse_args(argv)
 
 
@@ -1257,7 +1298,9 @@ class ResNet50Benchmark(L.LightningModule):
         if config["memory_format"] == "channels_last":
             self.model = self.model.to(memory_format=torch.channels_last)
         self.config, self.args, self.result, self.stop, self.wall_start = config, args, result, stop, wall_start
-        self.store = self.monitor = self.timer = self.images = self.labels = None
+        # Manual optimization (--lightning-manual-optimization, --cuda-graphs): training_step runs the whole step
+        self.automatic_optimization = not config["lightning_manual_optimization"]
+        self.store = self.monitor = self.timer = self.images = self.labels = self.whole_step = None
         self.record, self.losses, self.started, self.exit_code = None, [], None, EXIT_ERROR
 
     def setup(self, stage):
@@ -1288,13 +1331,39 @@ class ResNet50Benchmark(L.LightningModule):
             # agreement above already stops every rank on SIGTERM, so this run's loop skips that broadcast.
             self.trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
         self.images, self.labels = make_synthetic_batch(self.config, self.global_rank, self.device)
+        self.whole_step = (GraphedStep(self.manual_step, eager_steps=self.config["warmup_steps"] - 1)
+                           if self.config["cuda_graphs"] else self.manual_step)
         self.timer = StepTimer(self.device, self.config["steps"])
         self.record = {"rank": self.global_rank, "steps_run": 0, "signal": 0}
 
     def training_step(self, batch, batch_idx):
-        loss = F.cross_entropy(self.model(self.images), self.labels)
+        if self.automatic_optimization:  # Lightning runs zero_grad, backward and the optimizer step around it
+            loss = F.cross_entropy(self.model(self.images), self.labels)
+        elif isinstance(self.whole_step, GraphedStep) and self.whole_step.graph is not None:
+            # A replay steps the optimizer inside the graph, out of Lightning's sight: count the step as
+            # LightningOptimizer.step does (the manual loop's progress hooks), so that global_step stays true.
+            optimizer = self.optimizers()
+            optimizer._on_before_step()
+            loss = self.whole_step()
+            optimizer._on_after_step()
+        else:
+            loss = self.whole_step()  # eager, or the capture (whose LightningOptimizer.step counts itself)
         self.losses.append(loss.detach())  # a device tensor: reading it now would sync the host
         return loss
+
+    def manual_step(self):
+        """The whole step under manual optimization, as native's train_step: forward, zero_grad, backward with
+        DDP's all-reduce (Lightning's manual_backward), optimizer step. Lightning's precision plugin autocasts
+        around training_step; inside a capture the cache of cast weights must be off, as in native."""
+        optimizer = self.optimizers()
+        dtype = AUTOCAST_DTYPES[self.config["precision"]]
+        with (torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None, cache_enabled=False)
+              if self.config["cuda_graphs"] else contextlib.nullcontext()):
+            loss = F.cross_entropy(self.model(self.images), self.labels)
+        optimizer.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        optimizer.step()
+        return loss.detach()
 
     def configure_optimizers(self):
         return make_optimizer(self.parameters(), self.config)
@@ -1327,6 +1396,13 @@ class ResNet50Benchmark(L.LightningModule):
         if self.global_rank == 0 and (not timed or index == 0 or (index + 1) % max(1, count // 5) == 0
                                       or index + 1 == count):
             print(f"  {'measuring' if timed else 'warm-up'} step {index + 1}/{count} (queued)", flush=True)
+        if (not self.automatic_optimization and self.config["broadcast_buffers"]
+                and isinstance(self.trainer.strategy.model, DistributedDataParallel)):
+            # Under manual optimization Lightning's forward redirection leaves require_forward_param_sync False
+            # after every step, so DDP stops broadcasting the buffers after the first forward
+            # (docs/diagnostics/lightning-manual-buffers/). Set it back: --broadcast-buffers means what it means
+            # in native, a broadcast of rank 0's buffers before every forward.
+            self.trainer.strategy.model.require_forward_param_sync = True
         self.record["signal"] = self.stop.agreed(self.monitor, self.trainer.world_size)
         if self.record["signal"]:
             self.trainer.should_stop = True
@@ -1337,6 +1413,10 @@ class ResNet50Benchmark(L.LightningModule):
         inject_fault(self.config, self.global_rank, 0, "desync", self.model)
         record.update(hardware=self.hardware, checksums=parameter_checksums(self.model.parameters()))
         self.exit_code = finish_run(self.result, record, self.monitor, build_model, self.wall_start)
+        if isinstance(self.whole_step, GraphedStep):
+            # free the graph before Lightning's exit handler destroys the process group: a live graph holding
+            # NCCL kernels makes that hang (pytorch#115388), as native's shut_down says
+            self.whole_step.reset()
 
 
 def main(argv=None):
@@ -1344,6 +1424,10 @@ def main(argv=None):
     wall_start = time.perf_counter()
     args = parse_arguments(argv)
     launch = plan_launch(args, os.environ)
+    if args.cuda_graphs and args.precision == "fp16":
+        raise UsageError("--cuda-graphs with --precision fp16 is not supported by the Lightning twin: Lightning's "
+                         "fp16 GradScaler reads found_inf on the host every step, which a captured graph cannot do, "
+                         "and native's fixed --loss-scale has no Lightning counterpart (use bf16 or fp32)")
     cuda_available = args.device == "cuda" and torch.cuda.is_available()
     device_count = torch.cuda.device_count() if cuda_available else 0
     bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
@@ -1357,7 +1441,11 @@ def main(argv=None):
                          "DDPStrategy registers a comm hook on CUDA only")
     config.update(model="resnet50", optimizer="sgd", optimizer_impl=sgd_implementation(config),
                   lightning_sigterm_sync=args.lightning_sigterm_sync,
-                  lightning_ddp_side_stream=args.lightning_ddp_side_stream, devices=args.devices, num_nodes=args.num_nodes,
+                  # a captured all-reduce needs DDP built on a side stream, and the capture needs the whole step in
+                  # training_step: --cuda-graphs sets both (and says so below)
+                  lightning_ddp_side_stream=args.lightning_ddp_side_stream or config["cuda_graphs"],
+                  lightning_manual_optimization=args.lightning_manual_optimization or config["cuda_graphs"],
+                  devices=args.devices, num_nodes=args.num_nodes,
                   trainer_precision=resolve_trainer_precision(config["precision"]),
                   lightning=package_version("lightning"))
     rank, world_size = launch["rank"], launch["world_size"]
@@ -1365,6 +1453,9 @@ def main(argv=None):
     stop.install()
     device = setup_device(config, launch, device_count)
     result = base_result(config, launch, started_at)
+    if config["cuda_graphs"] and rank == 0:
+        print("note: --cuda-graphs runs the step in training_step with manual optimization"
+              + (" and builds DDP on a side CUDA stream" if world_size > 1 else ""), flush=True)
     module = None
     try:
         torch.manual_seed(config["seed"])  # identical initial weights on every rank

@@ -1,5 +1,7 @@
 """The Lightning twin: same options and result as native, and it trains identically (CPU, gloo)."""
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -29,6 +31,37 @@ def test_lightning_and_native_train_identically(lightning_two_rank, native_two_r
     assert len(lightning["loss_per_step"]) == 6
     assert lightning["checks"]["final_parameter_checksum"] == pytest.approx(
         native["checks"]["final_parameter_checksum"], rel=1e-6)
+
+
+def test_manual_optimization_trains_like_native(native_two_rank, tmp_path):
+    """--lightning-manual-optimization (the step --cuda-graphs captures, here uncaptured): training_step runs
+    zero_grad, manual_backward and the optimizer step itself, and trains exactly as native and as the default."""
+    output = tmp_path / "manual.json"
+    proc = run_script(LIGHTNING, [*SMALL, "--devices", "2", "--lightning-manual-optimization",
+                                  "--output", str(output)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    manual, (_, native) = read_result(output), native_two_rank
+    assert manual["config"]["lightning_manual_optimization"] is True
+    assert manual["config"]["cuda_graphs"] is False and manual["config"]["lightning_ddp_side_stream"] is False
+    assert manual["loss_per_step"] == pytest.approx(native["loss_per_step"], rel=1e-5, abs=1e-6)
+    assert manual["checks"]["final_parameter_checksum"] == pytest.approx(
+        native["checks"]["final_parameter_checksum"], rel=1e-6)
+    assert manual["checks"]["steps_run_per_rank"] == [6, 6] and manual["checks"]["parameters_synchronized"]
+
+
+def test_manual_optimization_loses_the_buffer_broadcast_unless_restored():
+    """The Lightning behaviour the twin works around under manual optimization (and how), on 2 gloo processes:
+    docs/diagnostics/lightning-manual-buffers/."""
+    script = ROOT / "docs" / "diagnostics" / "lightning-manual-buffers" / "buffers.py"
+    expected = {"automatic": "same, same, same, same", "manual": "same, different, different, different",
+                "manual-restored": "same, same, same, same"}
+    for mode, pattern in expected.items():
+        proc = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=300,
+                              cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"{mode}: running mean of rank 0 and rank 1 at the start of steps 1-4: {pattern}" in proc.stdout
+    twin = (ROOT / "lightning" / "ddp_resnet50.py").read_text()
+    assert "self.trainer.strategy.model.require_forward_param_sync = True" in twin  # the twin restores it
 
 
 def test_lightning_result_fields(lightning_two_rank):
@@ -82,6 +115,10 @@ SRUN = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_S
     (["--compile", "--compiled-ddp", "python_reducer"], {}, "python_reducer is not supported by the Lightning twin"),
     (["--devices", "2", "--comm-hook", "bf16_compress", "--lightning-ddp-side-stream"], {},
      "--comm-hook with --lightning-ddp-side-stream needs --device cuda"),
+    (["--cuda-graphs"], {}, "--cuda-graphs needs --device cuda"),
+    (["--cuda-graphs", "--precision", "fp16"], {}, "--cuda-graphs with --precision fp16 is not supported by the "
+                                                   "Lightning twin"),
+    (["--loss-scale", "1024"], {}, "unrecognized arguments: --loss-scale 1024"),
 ])
 def test_bad_input(twin, argv, env, rule, tmp_path, monkeypatch, capsys):
     for name in list(SRUN) + ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
