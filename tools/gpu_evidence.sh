@@ -12,7 +12,7 @@
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
-# to s13c.
+# to s13c; the tenth's s14a and s14b.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -467,6 +467,42 @@ section_s12b() {  # session 8, call 3 (issue 7): next9 (compiled 2-GPU scaling w
   # under the same telemetry
   telemetry start
   section_next9
+  telemetry stop
+}
+
+section_s14a() {  # session 10, call 1 (issues 3 and 7): the Lightning twin's --cuda-graphs (the whole step captured
+  # in training_step under manual optimization) against native's, eager kernels: 32 images per GPU, where uncaptured
+  # eager steps are bound by the host, and 256. One-GPU pairs put each script on each GPU in turn.
+  local g=(--cuda-graphs --warmup-steps 20 --steps 300) g256=(--cuda-graphs --warmup-steps 20 --steps 200)
+  local b=--batch-size-per-device n=s14-native l=s14-lightning L=lightning/ddp_resnet50.py nobb=--no-broadcast-buffers
+  telemetry start
+  pair "$l-1gpu-bf16-32-graphs-gpu0 150 $L $b 32 ${g[*]}" "$n-1gpu-bf16-32-graphs-gpu1 150 ddp_resnet50.py $b 32 ${g[*]}"
+  pair "$n-1gpu-bf16-32-graphs-gpu0 150 ddp_resnet50.py $b 32 ${g[*]}" "$l-1gpu-bf16-32-graphs-gpu1 150 $L $b 32 ${g[*]}"
+  bench "$l-2gpu-bf16-32-graphs" 0,1 150 "$PY" "$L" --devices 2 "$b" 32 "${g[@]}"
+  bench "$n-2gpu-bf16-32-graphs" 0,1 150 "${TWO[@]}" ddp_resnet50.py "$b" 32 "${g[@]}"
+  bench "$n-2gpu-bf16-32-graphs-b" 0,1 150 "${TWO[@]}" ddp_resnet50.py "$b" 32 "${g[@]}"
+  bench "$l-2gpu-bf16-32-graphs-b" 0,1 150 "$PY" "$L" --devices 2 "$b" 32 "${g[@]}"
+  bench "$l-2gpu-bf16-32-graphs-nobb" 0,1 150 "$PY" "$L" --devices 2 "$b" 32 "$nobb" "${g[@]}"
+  bench "$n-2gpu-bf16-32-graphs-nobb" 0,1 150 "${TWO[@]}" ddp_resnet50.py "$b" 32 "$nobb" "${g[@]}"
+  pair "$l-1gpu-bf16-256-graphs-gpu0 150 $L ${g256[*]}" "$n-1gpu-bf16-256-graphs-gpu1 150 ddp_resnet50.py ${g256[*]}"
+  bench "$n-2gpu-bf16-256-graphs-nobb" 0,1 150 "${TWO[@]}" ddp_resnet50.py "$nobb" "${g256[@]}"
+  bench "$l-2gpu-bf16-256-graphs-nobb" 0,1 150 "$PY" "$L" --devices 2 "$nobb" "${g256[@]}"
+  telemetry stop
+}
+
+section_s14b() {  # session 10, call 2 (issues 3 and 7): the same for the compiled and captured step, the twin's
+  # fastest mode: 256 per GPU on 1 GPU and on 2 (no_optimization, no buffer broadcast, the best 2-GPU mode), then 32
+  # per GPU (the 4,000 img/s target's mode); the one-GPU pair at 256 again with the GPUs swapped, last.
+  local c=(--compile --cuda-graphs --warmup-steps 20 --steps 200) noopt=(--compiled-ddp no_optimization --no-broadcast-buffers)
+  local b=--batch-size-per-device n=s14-native l=s14-lightning L=lightning/ddp_resnet50.py
+  telemetry start
+  pair "$n-1gpu-bf16-256-compile-graphs-gpu0 300 ddp_resnet50.py ${c[*]}" "$l-1gpu-bf16-256-compile-graphs-gpu1 300 $L ${c[*]}"
+  bench "$n-2gpu-bf16-256-compile-graphs-noopt-nobb" 0,1 240 "${TWO[@]}" ddp_resnet50.py "${noopt[@]}" "${c[@]}"
+  bench "$l-2gpu-bf16-256-compile-graphs-noopt-nobb" 0,1 240 "$PY" "$L" --devices 2 "${noopt[@]}" "${c[@]}"
+  pair "$l-1gpu-bf16-32-compile-graphs-gpu0 200 $L $b 32 ${c[*]}" "$n-1gpu-bf16-32-compile-graphs-gpu1 200 ddp_resnet50.py $b 32 ${c[*]}"
+  bench "$n-2gpu-bf16-32-compile-graphs" 0,1 200 "${TWO[@]}" ddp_resnet50.py "$b" 32 "${c[@]}"
+  bench "$l-2gpu-bf16-32-compile-graphs" 0,1 200 "$PY" "$L" --devices 2 "$b" 32 "${c[@]}"
+  pair "$l-1gpu-bf16-256-compile-graphs-gpu0 200 $L ${c[*]}" "$n-1gpu-bf16-256-compile-graphs-gpu1 200 ddp_resnet50.py ${c[*]}"
   telemetry stop
 }
 
