@@ -1351,11 +1351,22 @@ class ResNet50Benchmark(L.LightningModule):
         self.losses.append(loss.detach())  # a device tensor: reading it now would sync the host
         return loss
 
+    def broadcasts_buffers_itself(self):
+        """Under manual optimization Lightning runs training_step inside DDP's forward, and its forward
+        redirection leaves require_forward_param_sync False after every step, so DDP stops broadcasting the
+        buffers after the first forward (docs/diagnostics/lightning-manual-buffers/). With --broadcast-buffers
+        (the default) the step broadcasts them itself, before its forward as DDP would: it is then part of the
+        captured graph with --cuda-graphs, as in native, where DDP's forward is captured."""
+        return (not self.automatic_optimization and self.config["broadcast_buffers"]
+                and isinstance(self.trainer.strategy.model, DistributedDataParallel))
+
     def manual_step(self):
         """The whole step under manual optimization, as native's train_step: forward, zero_grad, backward with
         DDP's all-reduce (Lightning's manual_backward), optimizer step. Lightning's precision plugin autocasts
         around training_step; inside a capture the cache of cast weights must be off, as in native."""
         optimizer = self.optimizers()
+        if self.broadcasts_buffers_itself():
+            self.trainer.strategy.model._sync_buffers()  # rank 0's buffers, captured with the step as in native
         dtype = AUTOCAST_DTYPES[self.config["precision"]]
         with (torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None, cache_enabled=False)
               if self.config["cuda_graphs"] else contextlib.nullcontext()):
@@ -1375,6 +1386,8 @@ class ResNet50Benchmark(L.LightningModule):
         return torch.utils.data.DataLoader(range(total), batch_size=None, shuffle=False)
 
     def on_train_batch_start(self, batch, batch_idx):
+        if self.broadcasts_buffers_itself():
+            self.trainer.strategy.model.require_forward_param_sync = False  # manual_step broadcasts, not DDP.forward
         inject_fault(self.config, self.global_rank, batch_idx + 1, "oom")
         inject_fault(self.config, self.global_rank, batch_idx + 1, "crash")
         if batch_idx == self.config["warmup_steps"]:  # the first timed step
@@ -1396,13 +1409,6 @@ class ResNet50Benchmark(L.LightningModule):
         if self.global_rank == 0 and (not timed or index == 0 or (index + 1) % max(1, count // 5) == 0
                                       or index + 1 == count):
             print(f"  {'measuring' if timed else 'warm-up'} step {index + 1}/{count} (queued)", flush=True)
-        if (not self.automatic_optimization and self.config["broadcast_buffers"]
-                and isinstance(self.trainer.strategy.model, DistributedDataParallel)):
-            # Under manual optimization Lightning's forward redirection leaves require_forward_param_sync False
-            # after every step, so DDP stops broadcasting the buffers after the first forward
-            # (docs/diagnostics/lightning-manual-buffers/). Set it back: --broadcast-buffers means what it means
-            # in native, a broadcast of rank 0's buffers before every forward.
-            self.trainer.strategy.model.require_forward_param_sync = True
         self.record["signal"] = self.stop.agreed(self.monitor, self.trainer.world_size)
         if self.record["signal"]:
             self.trainer.should_stop = True

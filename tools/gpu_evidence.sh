@@ -12,7 +12,7 @@
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
-# to s13c; the tenth's s14a and s14b.
+# to s13c; the tenth's s14a to s14c.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -503,6 +503,27 @@ section_s14b() {  # session 10, call 2 (issues 3 and 7): the same for the compil
   bench "$n-2gpu-bf16-32-compile-graphs" 0,1 200 "${TWO[@]}" ddp_resnet50.py "$b" 32 "${c[@]}"
   bench "$l-2gpu-bf16-32-compile-graphs" 0,1 200 "$PY" "$L" --devices 2 "$b" 32 "${c[@]}"
   pair "$l-1gpu-bf16-256-compile-graphs-gpu0 200 $L ${c[*]}" "$n-1gpu-bf16-256-compile-graphs-gpu1 200 ddp_resnet50.py ${c[*]}"
+  telemetry stop
+}
+
+section_s14c() {  # session 10, call 3 (issues 3, 4 and 7): the twin now broadcasts the buffers inside its own step
+  # (captured, as native's DDP forward is), where calls 1 and 2 let DDP's forward do it eagerly before every replay.
+  # 32 per GPU with the default broadcast, alternated with native; then three more ddp,fsdp_zero2 launches (issue 4).
+  local g=(--cuda-graphs --warmup-steps 20 --steps 300) c=(--compile --cuda-graphs --warmup-steps 20 --steps 300)
+  local b=--batch-size-per-device n=s14-native l=s14-lightning L=lightning/ddp_resnet50.py round
+  telemetry start
+  bench "$l-2gpu-bf16-32-graphs-c" 0,1 150 "$PY" "$L" --devices 2 "$b" 32 "${g[@]}"
+  bench "$n-2gpu-bf16-32-graphs-c" 0,1 150 "${TWO[@]}" ddp_resnet50.py "$b" 32 "${g[@]}"
+  bench "$n-2gpu-bf16-32-graphs-d" 0,1 150 "${TWO[@]}" ddp_resnet50.py "$b" 32 "${g[@]}"
+  bench "$l-2gpu-bf16-32-graphs-d" 0,1 150 "$PY" "$L" --devices 2 "$b" 32 "${g[@]}"
+  bench "$n-2gpu-bf16-32-compile-graphs-c" 0,1 200 "${TWO[@]}" ddp_resnet50.py "$b" 32 "${c[@]}"
+  bench "$l-2gpu-bf16-32-compile-graphs-c" 0,1 200 "$PY" "$L" --devices 2 "$b" 32 "${c[@]}"
+  pair "$l-1gpu-bf16-32-graphs-gpu0-c 150 $L $b 32 ${g[*]}" "$n-1gpu-bf16-32-graphs-gpu1-c 150 ddp_resnet50.py $b 32 ${g[*]}"
+  pair "$n-1gpu-bf16-32-graphs-gpu0-d 150 ddp_resnet50.py $b 32 ${g[*]}" "$l-1gpu-bf16-32-graphs-gpu1-d 150 $L $b 32 ${g[*]}"
+  for round in a b c; do
+    bench "s14-sharding-2gpu-bf16-256-fsdp2-$round" 0,1 120 "${TWO[@]}" oss_benchmark.py --strategy ddp,fsdp_zero2 \
+      --warmup-steps 10 --steps 50
+  done
   telemetry stop
 }
 

@@ -9,8 +9,12 @@ prints whether the two ranks held the same one, step by step.
     python docs/diagnostics/lightning-manual-buffers/buffers.py manual
     python docs/diagnostics/lightning-manual-buffers/buffers.py manual-restored
 
-`manual-restored` sets DDP's require_forward_param_sync back to True after every step, as
-lightning/ddp_resnet50.py does under manual optimization.
+`manual-restored` sets DDP's require_forward_param_sync back to True after every step, so that DDP's forward
+broadcasts again. `manual-synced` is what lightning/ddp_resnet50.py does under manual optimization: DDP's forward
+does not broadcast (the flag False before every step), and training_step broadcasts itself (DDP's _sync_buffers),
+so that with --cuda-graphs the broadcast is captured with the step.
+
+    python docs/diagnostics/lightning-manual-buffers/buffers.py manual-synced
 """
 import sys
 import warnings
@@ -20,7 +24,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 
-MODES = ("automatic", "manual", "manual-restored")
+MODES = ("automatic", "manual", "manual-restored", "manual-synced")
 STEPS = 4
 
 
@@ -30,7 +34,13 @@ class Probe(L.LightningModule):
         self.net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
         self.mode, self.automatic_optimization, self.seen = mode, mode == "automatic", []
 
+    def on_train_batch_start(self, batch, batch_idx):
+        if self.mode == "manual-synced":
+            self.trainer.strategy.model.require_forward_param_sync = False  # the step broadcasts, not DDP.forward
+
     def training_step(self, batch, batch_idx):
+        if self.mode == "manual-synced":
+            self.trainer.strategy.model._sync_buffers()
         self.seen.append(self.net[1].running_mean.clone())
         x = torch.randn(8, 4) + 10 * self.global_rank  # each rank its own data: its own batch statistics
         loss = self.net(x).pow(2).mean()
