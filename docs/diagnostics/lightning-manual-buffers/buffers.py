@@ -8,6 +8,7 @@ prints whether the two ranks held the same one, step by step.
     python docs/diagnostics/lightning-manual-buffers/buffers.py automatic
     python docs/diagnostics/lightning-manual-buffers/buffers.py manual
     python docs/diagnostics/lightning-manual-buffers/buffers.py manual-restored
+    python docs/diagnostics/lightning-manual-buffers/buffers.py automatic manual   # several modes, one launch
 
 `manual-restored` sets DDP's require_forward_param_sync back to True after every step, so that DDP's forward
 broadcasts again. `manual-synced` is what lightning/ddp_resnet50.py does under manual optimization: DDP's forward
@@ -71,15 +72,17 @@ class Probe(L.LightningModule):
 
 
 def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in MODES:
-        print(f"usage: buffers.py {'|'.join(MODES)}", file=sys.stderr)
+    modes = sys.argv[1:]
+    if not modes or any(mode not in MODES for mode in modes):
+        print(f"usage: buffers.py {'|'.join(MODES)}...", file=sys.stderr)
         return 2
     warnings.filterwarnings("ignore")
-    torch.manual_seed(0)
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
-                        max_steps=STEPS, max_epochs=1, barebones=True, use_distributed_sampler=False,
-                        enable_model_summary=False)
-    trainer.fit(Probe(sys.argv[1]))
+    for mode in modes:  # one launch: Lightning's second rank re-runs this script and follows the same modes
+        torch.manual_seed(0)
+        trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
+                            max_steps=STEPS, max_epochs=1, barebones=True, use_distributed_sampler=False,
+                            enable_model_summary=False)
+        trainer.fit(Probe(mode))
     return 0
 
 
