@@ -274,8 +274,11 @@ def resolve_ddp_options(args, config, world_size):
             raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
                              f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
         if config["grad_scaler"]:
-            raise UsageError("--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024): the dynamic "
-                             "GradScaler reads found_inf on the host every step, which a captured graph cannot do")
+            why = "the dynamic GradScaler reads found_inf on the host every step, which a captured graph cannot do"
+            if not hasattr(args, "loss_scale"):  # the Lightning twin: Lightning's fp16 always has that scaler
+                raise UsageError(f"--cuda-graphs with fp16 is not supported by this script ({why}, and it has no "
+                                 f"fixed --loss-scale): use --precision bf16 or fp32")
+            raise UsageError(f"--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024): {why}")
         needed = 12 if world_size > 1 else 2
         if config["warmup_steps"] < needed:
             raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
@@ -1153,6 +1156,14 @@ def fail(error, result, rank, world_size, store, device, wall_start):
           file=sys.stderr, flush=True)
     os._exit(exit_code_for(failure["kind"], signal.SIGINT))
 
+def autocast_for(config):
+    """The run's autocast (off in fp32). Its cache of cast weights must stay off while a CUDA graph is
+    captured, so with --cuda-graphs it is off."""
+    dtype = AUTOCAST_DTYPES[config["precision"]]
+    return torch.autocast(config["device"], dtype=dtype, enabled=dtype is not None,
+                          cache_enabled=not config["cuda_graphs"])
+
+
 class GraphedStep:
     """Eager warm-up steps on a side stream, the capture of one whole step as the last warm-up step, then
     replays. A replay launches the step's ~thousand kernels at once, which is what a small batch needs."""
@@ -1205,10 +1216,7 @@ def make_optimizer(parameters, config):
 
 
 def train_step(model, optimizer, scaler, images, labels, config):
-    dtype = AUTOCAST_DTYPES[config["precision"]]
-    # autocast's cache of cast weights must stay off while a CUDA graph is captured
-    with torch.autocast(config["device"], dtype=dtype, enabled=dtype is not None,
-                        cache_enabled=not config["cuda_graphs"]):
+    with autocast_for(config):
         loss = F.cross_entropy(model(images), labels)
     optimizer.zero_grad(set_to_none=True)
     if scaler is not None:

@@ -324,8 +324,11 @@ def resolve_ddp_options(args, config, world_size):
             raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
                              f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
         if config["grad_scaler"]:
-            raise UsageError("--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024): the dynamic "
-                             "GradScaler reads found_inf on the host every step, which a captured graph cannot do")
+            why = "the dynamic GradScaler reads found_inf on the host every step, which a captured graph cannot do"
+            if not hasattr(args, "loss_scale"):  # the Lightning twin: Lightning's fp16 always has that scaler
+                raise UsageError(f"--cuda-graphs with fp16 is not supported by this script ({why}, and it has no "
+                                 f"fixed --loss-scale): use --precision bf16 or fp32")
+            raise UsageError(f"--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024): {why}")
         needed = 12 if world_size > 1 else 2
         if config["warmup_steps"] < needed:
             raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
@@ -1202,6 +1205,14 @@ def fail(error, result, rank, world_size, store, device, wall_start):
     print(f"{BENCHMARK}: {failure['kind']} on rank {failure['rank']}: {failure['message']} -> {where}",
           file=sys.stderr, flush=True)
     os._exit(exit_code_for(failure["kind"], signal.SIGINT))
+
+def autocast_for(config):
+    """The run's autocast (off in fp32). Its cache of cast weights must stay off while a CUDA graph is
+    captured, so with --cuda-graphs it is off."""
+    dtype = AUTOCAST_DTYPES[config["precision"]]
+    return torch.autocast(config["device"], dtype=dtype, enabled=dtype is not None,
+                          cache_enabled=not config["cuda_graphs"])
+
 
 class GraphedStep:
     """Eager warm-up steps on a side stream, the capture of one whole step as the last warm-up step, then

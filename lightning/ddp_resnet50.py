@@ -281,8 +281,11 @@ def resolve_ddp_options(args, config, world_size):
             raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
                              f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
         if config["grad_scaler"]:
-            raise UsageError("--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024): the dynamic "
-                             "GradScaler reads found_inf on the host every step, which a captured graph cannot do")
+            why = "the dynamic GradScaler reads found_inf on the host every step, which a captured graph cannot do"
+            if not hasattr(args, "loss_scale"):  # the Lightning twin: Lightning's fp16 always has that scaler
+                raise UsageError(f"--cuda-graphs with fp16 is not supported by this script ({why}, and it has no "
+                                 f"fixed --loss-scale): use --precision bf16 or fp32")
+            raise UsageError(f"--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024): {why}")
         needed = 12 if world_size > 1 else 2
         if config["warmup_steps"] < needed:
             raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
@@ -1160,6 +1163,14 @@ def fail(error, result, rank, world_size, store, device, wall_start):
           file=sys.stderr, flush=True)
     os._exit(exit_code_for(failure["kind"], signal.SIGINT))
 
+def autocast_for(config):
+    """The run's autocast (off in fp32). Its cache of cast weights must stay off while a CUDA graph is
+    captured, so with --cuda-graphs it is off."""
+    dtype = AUTOCAST_DTYPES[config["precision"]]
+    return torch.autocast(config["device"], dtype=dtype, enabled=dtype is not None,
+                          cache_enabled=not config["cuda_graphs"])
+
+
 class GraphedStep:
     """Eager warm-up steps on a side stream, the capture of one whole step as the last warm-up step, then
     replays. A replay launches the step's ~thousand kernels at once, which is what a small batch needs."""
@@ -1301,6 +1312,7 @@ class ResNet50Benchmark(L.LightningModule):
         # Manual optimization (--lightning-manual-optimization, --cuda-graphs): training_step runs the whole step
         self.automatic_optimization = not config["lightning_manual_optimization"]
         self.store = self.monitor = self.timer = self.images = self.labels = self.whole_step = None
+        self.sync_buffers = False
         self.record, self.losses, self.started, self.exit_code = None, [], None, EXIT_ERROR
 
     def setup(self, stage):
@@ -1333,6 +1345,13 @@ class ResNet50Benchmark(L.LightningModule):
         self.images, self.labels = make_synthetic_batch(self.config, self.global_rank, self.device)
         self.whole_step = (GraphedStep(self.manual_step, eager_steps=self.config["warmup_steps"] - 1)
                            if self.config["cuda_graphs"] else self.manual_step)
+        # Under manual optimization Lightning runs training_step inside DDP's forward, and its forward redirection
+        # leaves require_forward_param_sync False after every step, so DDP stops broadcasting the buffers after the
+        # first forward (docs/diagnostics/lightning-manual-buffers/). With --broadcast-buffers (the default) the
+        # step broadcasts them itself, before its forward as DDP would: with --cuda-graphs that is captured with
+        # the step, as native's DDP forward is.
+        self.sync_buffers = (not self.automatic_optimization and self.config["broadcast_buffers"]
+                             and isinstance(self.trainer.strategy.model, DistributedDataParallel))
         self.timer = StepTimer(self.device, self.config["steps"])
         self.record = {"rank": self.global_rank, "steps_run": 0, "signal": 0}
 
@@ -1351,25 +1370,14 @@ class ResNet50Benchmark(L.LightningModule):
         self.losses.append(loss.detach())  # a device tensor: reading it now would sync the host
         return loss
 
-    def broadcasts_buffers_itself(self):
-        """Under manual optimization Lightning runs training_step inside DDP's forward, and its forward
-        redirection leaves require_forward_param_sync False after every step, so DDP stops broadcasting the
-        buffers after the first forward (docs/diagnostics/lightning-manual-buffers/). With --broadcast-buffers
-        (the default) the step broadcasts them itself, before its forward as DDP would: it is then part of the
-        captured graph with --cuda-graphs, as in native, where DDP's forward is captured."""
-        return (not self.automatic_optimization and self.config["broadcast_buffers"]
-                and isinstance(self.trainer.strategy.model, DistributedDataParallel))
-
     def manual_step(self):
         """The whole step under manual optimization, as native's train_step: forward, zero_grad, backward with
         DDP's all-reduce (Lightning's manual_backward), optimizer step. Lightning's precision plugin autocasts
         around training_step; inside a capture the cache of cast weights must be off, as in native."""
         optimizer = self.optimizers()
-        if self.broadcasts_buffers_itself():
-            self.trainer.strategy.model._sync_buffers()  # rank 0's buffers, captured with the step as in native
-        dtype = AUTOCAST_DTYPES[self.config["precision"]]
-        with (torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None, cache_enabled=False)
-              if self.config["cuda_graphs"] else contextlib.nullcontext()):
+        if self.sync_buffers:
+            self.trainer.strategy.model._sync_buffers()  # rank 0's buffers, before the forward (on_train_start)
+        with autocast_for(self.config) if self.config["cuda_graphs"] else contextlib.nullcontext():
             loss = F.cross_entropy(self.model(self.images), self.labels)
         optimizer.zero_grad(set_to_none=True)
         self.manual_backward(loss)
@@ -1386,7 +1394,7 @@ class ResNet50Benchmark(L.LightningModule):
         return torch.utils.data.DataLoader(range(total), batch_size=None, shuffle=False)
 
     def on_train_batch_start(self, batch, batch_idx):
-        if self.broadcasts_buffers_itself():
+        if self.sync_buffers:
             self.trainer.strategy.model.require_forward_param_sync = False  # manual_step broadcasts, not DDP.forward
         inject_fault(self.config, self.global_rank, batch_idx + 1, "oom")
         inject_fault(self.config, self.global_rank, batch_idx + 1, "crash")
@@ -1430,10 +1438,6 @@ def main(argv=None):
     wall_start = time.perf_counter()
     args = parse_arguments(argv)
     launch = plan_launch(args, os.environ)
-    if args.cuda_graphs and args.precision == "fp16":
-        raise UsageError("--cuda-graphs with --precision fp16 is not supported by the Lightning twin: Lightning's "
-                         "fp16 GradScaler reads found_inf on the host every step, which a captured graph cannot do, "
-                         "and native's fixed --loss-scale has no Lightning counterpart (use bf16 or fp32)")
     cuda_available = args.device == "cuda" and torch.cuda.is_available()
     device_count = torch.cuda.device_count() if cuda_available else 0
     bf16_supported = cuda_available and torch.cuda.is_bf16_supported()

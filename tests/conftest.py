@@ -6,6 +6,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
@@ -90,7 +91,8 @@ def resolve_config(script, argv, env=None, cuda=True, count=8, bf16=True, ddp_wo
     args = script.parse_arguments(list(argv))
     config = script.resolve_harness_config(args, script.detect_launch(env or {}), "ddp", cuda, count, bf16)
     if ddp_world_size is not None:
-        script.resolve_ddp_options(args, config, ddp_world_size)
+        with mock.patch.dict(os.environ):  # --cuda-graphs sets an NCCL variable for the run: not for the tests
+            script.resolve_ddp_options(args, config, ddp_world_size)
     return config
 
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import (LIGHTNING, ROOT, SMALL, expect_usage_error, load_script, pretend_gpus, read_result,
-                      run_script)
+                      resolve_config, run_script)
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,36 @@ def test_manual_optimization_trains_like_native(native_two_rank, tmp_path):
     assert manual["checks"]["final_parameter_checksum"] == pytest.approx(
         native["checks"]["final_parameter_checksum"], rel=1e-6)
     assert manual["checks"]["steps_run_per_rank"] == [6, 6] and manual["checks"]["parameters_synchronized"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "auto"])
+def test_captured_fp16_is_refused_with_the_twins_reason(twin, precision):
+    """fp16 (asked for, or what auto resolves to on a GPU without bf16) cannot be captured in the twin, whose
+    Lightning fp16 always has the dynamic GradScaler and which has no fixed --loss-scale to offer instead."""
+    with pytest.raises(twin.UsageError) as error:
+        resolve_config(twin, ["--cuda-graphs", "--precision", precision, "--warmup-steps", "20"], bf16=False,
+                       ddp_world_size=2)
+    assert "--cuda-graphs with fp16 is not supported by this script" in str(error.value)
+    assert "--loss-scale (e.g." not in str(error.value)  # native's advice, which the twin cannot follow
+
+
+def test_manual_optimization_runs_the_twins_own_step(twin, tmp_path, monkeypatch):
+    """--lightning-manual-optimization takes the manual path: training_step calls manual_step every step (one
+    process in this process, CPU, the signal handlers left alone)."""
+    calls = []
+    original = twin.ResNet50Benchmark.manual_step
+
+    def counted(module):
+        calls.append(module.trainer.global_step)
+        return original(module)
+
+    monkeypatch.setattr(twin.ResNet50Benchmark, "manual_step", counted)
+    monkeypatch.setattr(twin.StopRequest, "install", lambda self: None)
+    output = tmp_path / "manual.json"
+    assert twin.main([*SMALL, "--lightning-manual-optimization", "--output", str(output)]) == 0
+    assert calls == list(range(6))  # warm-up + timed steps, each counted by Lightning as one optimizer step
+    result = read_result(output)
+    assert result["status"] == "ok" and result["config"]["lightning_manual_optimization"] is True
 
 
 def test_manual_optimization_loses_the_buffer_broadcast_unless_restored():
@@ -117,8 +147,6 @@ SRUN = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_S
     (["--devices", "2", "--comm-hook", "bf16_compress", "--lightning-ddp-side-stream"], {},
      "--comm-hook with --lightning-ddp-side-stream needs --device cuda"),
     (["--cuda-graphs"], {}, "--cuda-graphs needs --device cuda"),
-    (["--cuda-graphs", "--precision", "fp16"], {}, "--cuda-graphs with --precision fp16 is not supported by the "
-                                                   "Lightning twin"),
     (["--loss-scale", "1024"], {}, "unrecognized arguments: --loss-scale 1024"),
 ])
 def test_bad_input(twin, argv, env, rule, tmp_path, monkeypatch, capsys):

@@ -9,7 +9,7 @@ from conftest import (LIGHTNING, NATIVE, SMALL, expect_usage_error, load_script,
 
 @pytest.mark.parametrize("argv,rule", [
     (["--cuda-graphs", "--device", "cpu"], "--cuda-graphs needs --device cuda"),
-    (["--cuda-graphs", "--precision", "fp16", "--warmup-steps", "20"], "--cuda-graphs with fp16 needs a fixed --loss-scale"),
+    (["--cuda-graphs", "--precision", "fp16", "--warmup-steps", "20"], "--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024)"),
     (["--cuda-graphs", "--compile-mode", "reduce-overhead", "--warmup-steps", "20"], "captures its own CUDA graphs"),
     (["--cuda-graphs", "--compile-mode", "max-autotune", "--warmup-steps", "20"], "captures its own CUDA graphs"),
     (["--cuda-graphs", "--warmup-steps", "1"], "--cuda-graphs needs --warmup-steps >= 2"),
