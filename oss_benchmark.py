@@ -324,11 +324,8 @@ def resolve_ddp_options(args, config, world_size):
             raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
                              f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
         if config["grad_scaler"]:
-            why = "the dynamic GradScaler reads found_inf on the host every step, which a captured graph cannot do"
-            if not hasattr(args, "loss_scale"):  # the Lightning twin: Lightning's fp16 always has that scaler
-                raise UsageError(f"--cuda-graphs with fp16 is not supported by this script ({why}, and it has no "
-                                 f"fixed --loss-scale): use --precision bf16 or fp32")
-            raise UsageError(f"--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024): {why}")
+            raise UsageError("--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024): the dynamic GradScaler "
+                             "reads found_inf on the host every step, which a captured graph cannot do")
         needed = 12 if world_size > 1 else 2
         if config["warmup_steps"] < needed:
             raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"

@@ -49,6 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 try:
     import lightning as L
+    from lightning.pytorch.plugins import MixedPrecision
     from lightning.pytorch.plugins.environments import SLURMEnvironment
     from lightning.pytorch.strategies import DDPStrategy
 except ImportError:
@@ -281,11 +282,8 @@ def resolve_ddp_options(args, config, world_size):
             raise UsageError(f"--cuda-graphs conflicts with --compile-mode {config['compile_mode']}, which "
                              f"captures its own CUDA graphs: use --compile-mode default or max-autotune-no-cudagraphs")
         if config["grad_scaler"]:
-            why = "the dynamic GradScaler reads found_inf on the host every step, which a captured graph cannot do"
-            if not hasattr(args, "loss_scale"):  # the Lightning twin: Lightning's fp16 always has that scaler
-                raise UsageError(f"--cuda-graphs with fp16 is not supported by this script ({why}, and it has no "
-                                 f"fixed --loss-scale): use --precision bf16 or fp32")
-            raise UsageError(f"--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024): {why}")
+            raise UsageError("--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024): the dynamic GradScaler "
+                             "reads found_inf on the host every step, which a captured graph cannot do")
         needed = 12 if world_size > 1 else 2
         if config["warmup_steps"] < needed:
             raise UsageError(f"--cuda-graphs needs --warmup-steps >= {needed}: the last warm-up step is the capture"
@@ -1209,9 +1207,9 @@ def parse_arguments(argv=None):
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=HelpFormatter)
     add_harness_arguments(parser)
-    # --cuda-graphs runs the step inside training_step (manual optimization); fp16 there would need native's
-    # fixed --loss-scale, which Lightning's precision plugin does not offer (its GradScaler is dynamic)
-    add_ddp_arguments(parser, cuda_graphs=True, fixed_loss_scale=False)
+    # --cuda-graphs runs the step inside training_step (manual optimization); --loss-scale S hands Lightning's
+    # fp16 plugin a fixed-scale scaler (FixedLossScaler) instead of its dynamic GradScaler
+    add_ddp_arguments(parser, cuda_graphs=True, fixed_loss_scale=True)
     parser.add_argument("--devices", type=positive_int, default=1, help="devices (processes) per node")
     parser.add_argument("--num-nodes", type=positive_int, default=1, help="nodes")
     parser.add_argument("--lightning-sigterm-sync", action="store_true",
@@ -1280,6 +1278,50 @@ def build_model():
 def make_optimizer(parameters, config):
     return torch.optim.SGD(parameters, lr=config["lr"], momentum=config["momentum"],
                            fused=config["optimizer_impl"] == "fused")
+
+
+class FixedLossScaler:
+    """Native's fixed fp16 --loss-scale S, shaped as the torch.amp.GradScaler that Lightning's MixedPrecision
+    plugin drives: scale() multiplies the loss by S, unscale_() the gradients by 1/S (native's one foreach
+    multiply), step() steps with no overflow check and update() keeps S. Nothing is read back on the host, so
+    the step fits a CUDA graph; a non-finite loss fails the run, as in native."""
+
+    def __init__(self, scale):
+        self.scale_value = scale
+        self.unscaled = set()  # optimizers whose gradients are unscaled since their last step
+
+    def scale(self, loss):
+        return loss * self.scale_value
+
+    def unscale_(self, optimizer):
+        torch._foreach_mul_([p.grad for group in optimizer.param_groups for p in group["params"]
+                             if p.grad is not None], 1.0 / self.scale_value)
+        self.unscaled.add(id(optimizer))
+
+    def step(self, optimizer, *args, **kwargs):
+        # Lightning leaves unscaling to an optimizer that claims it (fused SGD: _step_supports_amp_scaling, which
+        # expects a dynamic GradScaler's grad_scale); this scaler unscales first instead, as native's step does
+        if id(optimizer) not in self.unscaled:
+            self.unscale_(optimizer)
+        self.unscaled.discard(id(optimizer))
+        return optimizer.step(*args, **kwargs)
+
+    def update(self):
+        pass  # the scale is fixed
+
+    def state_dict(self):
+        return {"scale": self.scale_value}
+
+    def load_state_dict(self, state_dict):
+        self.scale_value = state_dict["scale"]
+
+
+def precision_settings(config):
+    """The Trainer's precision flag and plugins: with a fixed --loss-scale, Lightning's fp16 plugin given
+    FixedLossScaler (Lightning refuses the flag and a precision plugin together)."""
+    if config["loss_scale"] in (None, "dynamic"):
+        return config["trainer_precision"], []
+    return None, [MixedPrecision("16-mixed", device=config["device"], scaler=FixedLossScaler(config["loss_scale"]))]
 
 
 class CurrentStreamDDPStrategy(DDPStrategy):
@@ -1483,10 +1525,12 @@ def main(argv=None):
         quiet_lightning()
         # Under srun, say so: Lightning ignores Slurm for jobs named "bash" or "interactive" (salloc) and would
         # start a world of its own in every task. No auto-requeue: a benchmark is not resumed.
-        plugins = [SLURMEnvironment(auto_requeue=False)] if launch["launcher"] == "slurm" else None
+        precision, plugins = precision_settings(config)
+        if launch["launcher"] == "slurm":
+            plugins.append(SLURMEnvironment(auto_requeue=False))
         trainer = L.Trainer(accelerator="gpu" if config["device"] == "cuda" else "cpu", devices=args.devices,
-                            num_nodes=args.num_nodes, strategy=strategy, precision=config["trainer_precision"],
-                            plugins=plugins,
+                            num_nodes=args.num_nodes, strategy=strategy, precision=precision,
+                            plugins=plugins or None,
                             max_epochs=1, max_steps=config["warmup_steps"] + config["steps"], barebones=True,
                             use_distributed_sampler=False)
         trainer.fit(module)

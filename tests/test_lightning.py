@@ -50,14 +50,84 @@ def test_manual_optimization_trains_like_native(native_two_rank, tmp_path):
 
 
 @pytest.mark.parametrize("precision", ["fp16", "auto"])
-def test_captured_fp16_is_refused_with_the_twins_reason(twin, precision):
-    """fp16 (asked for, or what auto resolves to on a GPU without bf16) cannot be captured in the twin, whose
-    Lightning fp16 always has the dynamic GradScaler and which has no fixed --loss-scale to offer instead."""
+def test_captured_fp16_needs_a_fixed_loss_scale_as_in_native(twin, precision):
+    """fp16 (asked for, or what auto resolves to on a GPU without bf16) with Lightning's dynamic GradScaler
+    cannot be captured; the twin, like native, takes a fixed --loss-scale instead."""
     with pytest.raises(twin.UsageError) as error:
         resolve_config(twin, ["--cuda-graphs", "--precision", precision, "--warmup-steps", "20"], bf16=False,
                        ddp_world_size=2)
-    assert "--cuda-graphs with fp16 is not supported by this script" in str(error.value)
-    assert "--loss-scale (e.g." not in str(error.value)  # native's advice, which the twin cannot follow
+    assert "--cuda-graphs with fp16 needs a fixed --loss-scale (e.g. 1024)" in str(error.value)
+    config = resolve_config(twin, ["--cuda-graphs", "--precision", precision, "--loss-scale", "1024",
+                                   "--warmup-steps", "20"], bf16=False, ddp_world_size=2)
+    assert (config["loss_scale"], config["grad_scaler"], twin.sgd_implementation(config)) == (1024.0, False, "fused")
+
+
+def test_a_fixed_loss_scale_becomes_lightnings_fp16_plugin(twin):
+    """With a fixed --loss-scale the Trainer gets Lightning's own 16-mixed plugin holding FixedLossScaler (and no
+    precision flag, which Lightning refuses beside a plugin); otherwise the flag, as before."""
+    assert twin.precision_settings({"loss_scale": "dynamic", "trainer_precision": "16-mixed"}) == ("16-mixed", [])
+    assert twin.precision_settings({"loss_scale": None, "trainer_precision": "bf16-mixed"}) == ("bf16-mixed", [])
+    flag, plugins = twin.precision_settings({"loss_scale": 256.0, "trainer_precision": "16-mixed", "device": "cpu"})
+    assert flag is None and len(plugins) == 1
+    assert plugins[0].precision == "16-mixed" and isinstance(plugins[0].scaler, twin.FixedLossScaler)
+    assert plugins[0].scaler.state_dict() == {"scale": 256.0}
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("automatic", [True, False])
+def test_fixed_loss_scaler_steps_as_natives_fixed_scale(twin, fused, automatic):
+    """In a real Trainer with Lightning's 16-mixed plugin (which leaves unscaling to fused SGD and calls unscale_
+    before a foreach step), FixedLossScaler gives native's fixed-scale update bit for bit: (loss * S).backward(),
+    gradients times 1/S, the optimizer step; in automatic and in manual optimization. A small model on the CPU
+    under fp16 autocast (the scripts refuse fp16 on the CPU; the device runs check the GPU)."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.plugins import MixedPrecision
+
+    scale, steps = 1024.0, 3
+    inputs, labels = torch.randn(32, 8, generator=torch.Generator().manual_seed(1)), torch.arange(32) % 4
+
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=fused)
+
+    native_model, native_optimizer = model_and_optimizer()
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.float16, cache_enabled=False):
+            loss = torch.nn.functional.cross_entropy(native_model(inputs), labels)
+        native_optimizer.zero_grad(set_to_none=True)
+        (loss * scale).backward()
+        torch._foreach_mul_([p.grad for p in native_model.parameters()], 1.0 / scale)
+        native_optimizer.step()
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model, self.optimizer = model_and_optimizer()
+            self.automatic_optimization = automatic
+
+        def training_step(self, batch, batch_idx):
+            loss = torch.nn.functional.cross_entropy(self.model(inputs), labels)
+            if not automatic:
+                optimizer = self.optimizers()
+                optimizer.zero_grad(set_to_none=True)
+                self.manual_backward(loss)
+                optimizer.step()
+            return loss
+
+        def configure_optimizers(self):
+            return self.optimizer
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(range(steps), batch_size=None)
+
+    tiny = Tiny()
+    plugin = MixedPrecision("16-mixed", device="cpu", scaler=twin.FixedLossScaler(scale))
+    L.Trainer(accelerator="cpu", devices=1, plugins=[plugin], max_steps=steps, barebones=True,
+              enable_progress_bar=False).fit(tiny)
+    for native_parameter, twin_parameter in zip(native_model.parameters(), tiny.model.parameters()):
+        assert torch.equal(native_parameter, twin_parameter)
 
 
 def test_manual_optimization_runs_the_twins_own_step(twin, tmp_path, monkeypatch):
@@ -147,7 +217,7 @@ SRUN = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_S
     (["--devices", "2", "--comm-hook", "bf16_compress", "--lightning-ddp-side-stream"], {},
      "--comm-hook with --lightning-ddp-side-stream needs --device cuda"),
     (["--cuda-graphs"], {}, "--cuda-graphs needs --device cuda"),
-    (["--loss-scale", "1024"], {}, "unrecognized arguments: --loss-scale 1024"),
+    (["--loss-scale", "1024"], {}, "--loss-scale 1024 needs --precision fp16"),
 ])
 def test_bad_input(twin, argv, env, rule, tmp_path, monkeypatch, capsys):
     for name in list(SRUN) + ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
