@@ -1,0 +1,35 @@
+"""docs/diagnostics/lightning-interleaved/: Lightning and native blocks interleaved in one process (CPU, gloo)."""
+import json
+import math
+import subprocess
+import sys
+
+from conftest import ROOT, clean_env, one_error_line
+
+SCRIPT = ROOT / "docs" / "diagnostics" / "lightning-interleaved" / "interleave.py"
+
+
+def test_interleaves_the_real_twin_with_natives_step(tmp_path):
+    output = tmp_path / "interleaved.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--precision", "fp32", "--image-size",
+                           "32", "--batch-size-per-device", "2", "--warmup-steps", "2", "--block-steps", "2",
+                           "--blocks", "3", "--output-json", str(output)],
+                          capture_output=True, text=True, timeout=180, env=clean_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(output.read_text())
+    kinds = [block["kind"] for block in result["block_times"]]
+    assert kinds == ["native", "lightning"] * 3 + ["native"]  # N0 L1 N1 L2 N2 L3 N3
+    assert all(block["steps"] == 2 and block["seconds"] > 0 for block in result["block_times"])
+    summary = result["summary"]
+    assert len(summary["ratios"]) == 3 and all(math.isfinite(r) and r > 0 for r in summary["ratios"])
+    low, high = summary["median_ratio_95pct_interval"]
+    assert low <= summary["median_ratio"] <= high
+    assert "Lightning/native, 3 Lightning blocks of 2 steps" in proc.stdout
+
+
+def test_cuda_graphs_are_refused(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--cuda-graphs", "--output-json", str(tmp_path / "x.json")],
+                          capture_output=True, text=True, timeout=60, env=clean_env())
+    lines = one_error_line(proc.stderr)
+    assert proc.returncode == 2 and len(lines) == 1 and "--cuda-graphs is not interleaved" in lines[0]
+    assert not (tmp_path / "x.json").exists()
