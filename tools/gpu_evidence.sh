@@ -12,7 +12,7 @@
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
-# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15c.
+# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15d.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -528,6 +528,28 @@ section_s15c() {  # session 11, call 3 (issue 3): the interleaved Lightning/nati
     --block-steps 20 --blocks 40 --output-json "$OUT_DIR/diag/interleave-2gpu-bf16-32.json"
   run s15-interleave-1gpu-bf16-32-c 1 150 "$PY" "$il" --batch-size-per-device 32 --warmup-steps 20 --block-steps 20 \
     --blocks 40 --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-c.json"
+  telemetry stop
+}
+
+section_s15d() {  # session 11, call 4 (issue 3): is the twin's manual optimization (the step in training_step, no
+  # closure) cheaper on the host than its automatic optimization? Interleaved with native in one process each, the
+  # two modes side by side on GPU 0 and GPU 1, then swapped.
+  local il=docs/diagnostics/lightning-interleaved/interleave.py a=(--batch-size-per-device 32 --warmup-steps 20
+    --block-steps 20 --blocks 40) first second
+  mkdir -p "$OUT_DIR/diag"
+  telemetry start
+  run s15-interleave-1gpu-bf16-32-gpu0-d 0 150 "$PY" "$il" "${a[@]}" --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-gpu0-d.json" &
+  first=$!
+  run s15-interleave-1gpu-bf16-32-manual-gpu1-d 1 150 "$PY" "$il" "${a[@]}" --lightning-manual-optimization \
+    --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-manual-gpu1-d.json" &
+  second=$!
+  wait "$first" "$second"
+  run s15-interleave-1gpu-bf16-32-manual-gpu0-e 0 150 "$PY" "$il" "${a[@]}" --lightning-manual-optimization \
+    --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-manual-gpu0-e.json" &
+  first=$!
+  run s15-interleave-1gpu-bf16-32-gpu1-e 1 150 "$PY" "$il" "${a[@]}" --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-gpu1-e.json" &
+  second=$!
+  wait "$first" "$second"
   telemetry stop
 }
 
