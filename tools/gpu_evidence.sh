@@ -12,7 +12,7 @@
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
-# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15d.
+# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -550,6 +550,15 @@ section_s15d() {  # session 11, call 4 (issue 3): is the twin's manual optimizat
   run s15-interleave-1gpu-bf16-32-gpu1-e 1 150 "$PY" "$il" "${a[@]}" --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-gpu1-e.json" &
   second=$!
   wait "$first" "$second"
+  telemetry stop
+}
+
+section_s15e() {  # session 11, call 5 (issue 7): fp16 with a fixed loss scale ran compiled and captured at 7,221-7,266
+  # img/s in call 2; does it beat bf16 in the best mode (+ coordinate-descent tuning)? One pair, side by side.
+  local c=(--compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20 --steps 200)
+  telemetry start
+  pair "s15-native-1gpu-fp16ls-256-compile-cdt-graphs-gpu0 480 ddp_resnet50.py --precision fp16 --loss-scale 1024 ${c[*]}" \
+       "s15-native-1gpu-bf16-256-compile-cdt-graphs-gpu1 480 ddp_resnet50.py ${c[*]}"
   telemetry stop
 }
 
