@@ -30,7 +30,6 @@ import random
 import shutil
 import socket
 import statistics
-import sys
 import tempfile
 import time
 
@@ -71,7 +70,7 @@ def bootstrap_median_interval(values, rounds=2000, seed=0):
     return medians[int(0.025 * rounds)], medians[int(0.975 * rounds) - 1]
 
 
-def make_module_class(twin, native, native_argv, block_steps):
+def make_module_class(native_argv, block_steps):
     class InterleavedBenchmark(twin.ResNet50Benchmark):
         """The twin's LightningModule; after its warm-up, native blocks run from on_train_batch_end."""
 
@@ -84,9 +83,15 @@ def make_module_class(twin, native, native_argv, block_steps):
 
         def on_train_start(self):
             super().on_train_start()
-            args = native.parse_arguments(native_argv)
-            config, _ = native.resolve_config(args, native.detect_launch(os.environ))
-            self.native_config = config
+            self.gpu_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
+            # native's options resolved for the twin's launch (plan_launch: detect_launch plus Lightning's own
+            # launcher, whose workers detect_launch alone would take for single processes)
+            try:
+                config, _ = native.resolve_config(native.parse_arguments(native_argv),
+                                                  twin.plan_launch(self.args, os.environ))
+            except native.UsageError as error:  # reported by the twin's run_guarded, as its own bad input is
+                raise twin.UsageError(str(error)) from None
+            self.native_batch_size_per_device = config["batch_size_per_device"]
             self.native_step, _ = native.build_step(config, self.device, self.global_rank, self.trainer.world_size)
 
         def run_native(self, steps, record):
@@ -141,22 +146,19 @@ def main(argv=None):
     parser.add_argument("--output-json", required=True)
     options, rest = parser.parse_known_args(argv)
     if "--cuda-graphs" in rest:
-        print("interleave.py: error: --cuda-graphs is not interleaved: the uncaptured loop is the question",
-              file=sys.stderr)
-        return 2
+        raise twin.UsageError("--cuda-graphs is not interleaved: the uncaptured loop is the question")
     if options.block_steps < 1 or options.blocks < 1:
-        print("interleave.py: error: --block-steps and --blocks must be positive", file=sys.stderr)
-        return 2
-    twin = load(ROOT / "lightning" / "ddp_resnet50.py", "lightning_twin")
-    native = load(ROOT / "ddp_resnet50.py", "native_ddp")
+        raise twin.UsageError("--block-steps and --blocks must be positive")
     scratch = tempfile.mkdtemp(prefix="interleave-")
     native_argv = native_arguments(rest) + ["--output", os.path.join(scratch, "native.json")]
-    module_class = make_module_class(twin, native, native_argv, options.block_steps)
+    module_class = make_module_class(native_argv, options.block_steps)
     twin.ResNet50Benchmark = module_class  # the real twin main() builds this subclass
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    code = twin.main(rest + ["--steps", str(options.block_steps * options.blocks),
-                             "--output", os.path.join(scratch, "twin.json"), "--overwrite"])
-    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        code = twin.main(rest + ["--steps", str(options.block_steps * options.blocks),
+                                 "--output", os.path.join(scratch, "twin.json"), "--overwrite"])
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     module = module_class.instance
     if code != 0 or module is None or module.global_rank != 0:
         return code
@@ -165,10 +167,11 @@ def main(argv=None):
     result = {"diagnostic": "lightning-interleaved", "started_at": started_at, "argv": rest,
               "block_steps": options.block_steps, "blocks": options.blocks,
               "world_size": module.trainer.world_size, "timed_by": "rank 0's host clock",
-              "batch_size_per_device": config["batch_size_per_device"], "precision": config["precision"],
+              "batch_size_per_device": config["batch_size_per_device"],
+              "native_batch_size_per_device": module.native_batch_size_per_device, "precision": config["precision"],
               "device": config["device"], "hostname": socket.gethostname(), "python": platform.python_version(),
               "torch": torch.__version__, "lightning": twin.package_version("lightning"),
-              "gpu": torch.cuda.get_device_name(module.device) if module.device.type == "cuda" else None,
+              "gpu": module.gpu_name,
               "summary": summary, "block_times": module.blocks}
     path = pathlib.Path(options.output_json)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -184,5 +187,8 @@ def main(argv=None):
     return 0
 
 
+twin = load(ROOT / "lightning" / "ddp_resnet50.py", "lightning_twin")
+native = load(ROOT / "ddp_resnet50.py", "native_ddp")
+
 if __name__ == "__main__":
-    sys.exit(main())
+    twin.run_guarded(main)  # bad input: one line, exit 2
