@@ -84,49 +84,28 @@ def test_fixed_loss_scaler_steps_as_natives_fixed_scale(twin, fused, automatic):
     import torch
     from lightning.pytorch.plugins import MixedPrecision
 
-    scale, steps = 1024.0, 3
-    inputs, labels = torch.randn(32, 8, generator=torch.Generator().manual_seed(1)), torch.arange(32) % 4
+    profile = load_script(ROOT / "docs" / "diagnostics" / "lightning-interleaved" / "hook_profile.py")
+    inputs, labels, scale, steps = profile.inputs, profile.labels, 1024.0, 3
 
-    def model_and_optimizer():
+    def net_and_optimizer():
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=fused)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        return net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, fused=fused)
 
-    native_model, native_optimizer = model_and_optimizer()
+    native_net, native_optimizer = net_and_optimizer()
     for _ in range(steps):
         with torch.autocast("cpu", dtype=torch.float16, cache_enabled=False):
-            loss = torch.nn.functional.cross_entropy(native_model(inputs), labels)
+            loss = torch.nn.functional.cross_entropy(native_net(inputs), labels)
         native_optimizer.zero_grad(set_to_none=True)
         (loss * scale).backward()
-        torch._foreach_mul_([p.grad for p in native_model.parameters()], 1.0 / scale)
+        torch._foreach_mul_([p.grad for p in native_net.parameters()], 1.0 / scale)
         native_optimizer.step()
 
-    class Tiny(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model, self.optimizer = model_and_optimizer()
-            self.automatic_optimization = automatic
-
-        def training_step(self, batch, batch_idx):
-            loss = torch.nn.functional.cross_entropy(self.model(inputs), labels)
-            if not automatic:
-                optimizer = self.optimizers()
-                optimizer.zero_grad(set_to_none=True)
-                self.manual_backward(loss)
-                optimizer.step()
-            return loss
-
-        def configure_optimizers(self):
-            return self.optimizer
-
-        def train_dataloader(self):
-            return torch.utils.data.DataLoader(range(steps), batch_size=None)
-
-    tiny = Tiny()
+    tiny = profile.Tiny(automatic, *net_and_optimizer(), steps=steps)  # the diagnostic's module, the same step
     plugin = MixedPrecision("16-mixed", device="cpu", scaler=twin.FixedLossScaler(scale))
     L.Trainer(accelerator="cpu", devices=1, plugins=[plugin], max_steps=steps, barebones=True,
               enable_progress_bar=False).fit(tiny)
-    for native_parameter, twin_parameter in zip(native_model.parameters(), tiny.model.parameters()):
+    for native_parameter, twin_parameter in zip(native_net.parameters(), tiny.net.parameters()):
         assert torch.equal(native_parameter, twin_parameter)
 
 

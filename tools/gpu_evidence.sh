@@ -470,6 +470,14 @@ section_s12b() {  # session 8, call 3 (issue 7): next9 (compiled 2-GPU scaling w
   telemetry stop
 }
 
+fsdp2_rounds() {  # fsdp2_rounds PREFIX: three ddp,fsdp_zero2 launches (issue 4's fsdp_zero2 >= 95 % of ddp), one call
+  local round
+  for round in a b c; do
+    bench "$1-sharding-2gpu-bf16-256-fsdp2-$round" 0,1 120 "${TWO[@]}" oss_benchmark.py --strategy ddp,fsdp_zero2 \
+      --warmup-steps 10 --steps 50
+  done
+}
+
 section_s15a() {  # session 11, call 1 (issues 3, 4 and 7): the twin's fp16 with native's fixed --loss-scale (Lightning's
   # fp16 plugin with FixedLossScaler) against native, captured at 256 and 32 per GPU, compiled and captured, and
   # uncaptured (automatic optimization); the launch-bound 1-GPU ratio at 32 measured in one process, Lightning and
@@ -478,7 +486,6 @@ section_s15a() {  # session 11, call 1 (issues 3, 4 and 7): the twin's fp16 with
   local g32=(--batch-size-per-device 32 --cuda-graphs --warmup-steps 20 --steps 300) e=(--warmup-steps 10 --steps 200)
   local c=(--compile --cuda-graphs --warmup-steps 20 --steps 200) nobb=--no-broadcast-buffers
   local n=s15-native l=s15-lightning L=lightning/ddp_resnet50.py il=docs/diagnostics/lightning-interleaved/interleave.py
-  local round
   mkdir -p "$OUT_DIR/diag"
   telemetry start
   pair "$n-1gpu-fp16ls-256-graphs-gpu0 150 ddp_resnet50.py ${f[*]} ${g[*]}" "$l-1gpu-fp16ls-256-graphs-gpu1 150 $L ${f[*]} ${g[*]}"
@@ -491,10 +498,7 @@ section_s15a() {  # session 11, call 1 (issues 3, 4 and 7): the twin's fp16 with
   run s15-interleave-1gpu-bf16-32 0 150 "$PY" "$il" --batch-size-per-device 32 --warmup-steps 20 --block-steps 20 \
     --blocks 40 --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32.json"
   pair "$n-1gpu-fp16ls-256-compile-graphs-gpu0 300 ddp_resnet50.py ${f[*]} ${c[*]}" "$l-1gpu-fp16ls-256-compile-graphs-gpu1 300 $L ${f[*]} ${c[*]}"
-  for round in a b c; do
-    bench "s15-sharding-2gpu-bf16-256-fsdp2-$round" 0,1 120 "${TWO[@]}" oss_benchmark.py --strategy ddp,fsdp_zero2 \
-      --warmup-steps 10 --steps 50
-  done
+  fsdp2_rounds s15
   telemetry stop
 }
 
@@ -602,7 +606,7 @@ section_s14c() {  # session 10, call 3 (issues 3, 4 and 7): the twin now broadca
   # (captured, as native's DDP forward is), where calls 1 and 2 let DDP's forward do it eagerly before every replay.
   # 32 per GPU with the default broadcast, alternated with native; then three more ddp,fsdp_zero2 launches (issue 4).
   local g=(--cuda-graphs --warmup-steps 20 --steps 300) c=(--compile --cuda-graphs --warmup-steps 20 --steps 300)
-  local b=--batch-size-per-device n=s14-native l=s14-lightning L=lightning/ddp_resnet50.py round
+  local b=--batch-size-per-device n=s14-native l=s14-lightning L=lightning/ddp_resnet50.py
   telemetry start
   bench "$l-2gpu-bf16-32-graphs-c" 0,1 150 "$PY" "$L" --devices 2 "$b" 32 "${g[@]}"
   bench "$n-2gpu-bf16-32-graphs-c" 0,1 150 "${TWO[@]}" ddp_resnet50.py "$b" 32 "${g[@]}"
@@ -612,10 +616,7 @@ section_s14c() {  # session 10, call 3 (issues 3, 4 and 7): the twin now broadca
   bench "$l-2gpu-bf16-32-compile-graphs-c" 0,1 200 "$PY" "$L" --devices 2 "$b" 32 "${c[@]}"
   pair "$l-1gpu-bf16-32-graphs-gpu0-c 150 $L $b 32 ${g[*]}" "$n-1gpu-bf16-32-graphs-gpu1-c 150 ddp_resnet50.py $b 32 ${g[*]}"
   pair "$n-1gpu-bf16-32-graphs-gpu0-d 150 ddp_resnet50.py $b 32 ${g[*]}" "$l-1gpu-bf16-32-graphs-gpu1-d 150 $L $b 32 ${g[*]}"
-  for round in a b c; do
-    bench "s14-sharding-2gpu-bf16-256-fsdp2-$round" 0,1 120 "${TWO[@]}" oss_benchmark.py --strategy ddp,fsdp_zero2 \
-      --warmup-steps 10 --steps 50
-  done
+  fsdp2_rounds s14
   telemetry stop
 }
 

@@ -14,15 +14,17 @@ import lightning as L
 import torch
 
 STEPS = 3000
-warnings.filterwarnings("ignore")
-logging.getLogger("lightning").setLevel(logging.ERROR)
 inputs, labels = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), torch.arange(4)
 
 
 class Tiny(L.LightningModule):
-    def __init__(self, automatic):
+    """A trivial module, so that a step is nearly all loop (tests/test_lightning.py trains it with its own
+    network and optimizer)."""
+
+    def __init__(self, automatic, net=None, optimizer=None, steps=STEPS):
         super().__init__()
-        self.net, self.automatic_optimization = torch.nn.Linear(8, 4), automatic
+        self.net, self.automatic_optimization = net or torch.nn.Linear(8, 4), automatic
+        self.optimizer, self.steps = optimizer, steps
 
     def training_step(self, batch, batch_idx):
         loss = torch.nn.functional.cross_entropy(self.net(inputs), labels)
@@ -34,13 +36,15 @@ class Tiny(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        return self.optimizer or torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
     def train_dataloader(self):
-        return torch.utils.data.DataLoader(range(STEPS), batch_size=None)
+        return torch.utils.data.DataLoader(range(self.steps), batch_size=None)
 
 
 def main(mode):
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning").setLevel(logging.ERROR)
     net = torch.nn.Linear(8, 4)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     started = time.perf_counter()
