@@ -1153,6 +1153,12 @@ def fail(error, result, rank, world_size, store, device, wall_start):
           file=sys.stderr, flush=True)
     os._exit(exit_code_for(failure["kind"], signal.SIGINT))
 
+def unscale_gradients(parameters, loss_scale):
+    """A fixed fp16 loss scale undone: every gradient times 1/S in one foreach multiply, with no overflow check
+    and nothing read back on the host (native's train_step, the twin's FixedLossScaler)."""
+    torch._foreach_mul_([p.grad for p in parameters if p.grad is not None], 1.0 / loss_scale)
+
+
 def autocast_for(config):
     """The run's autocast (off in fp32). Its cache of cast weights must stay off while a CUDA graph is
     captured, so with --cuda-graphs it is off."""
@@ -1222,7 +1228,7 @@ def train_step(model, optimizer, scaler, images, labels, config):
         scaler.update()
     elif config["loss_scale"] is not None:  # fp16 with a fixed scale: no overflow check, no host sync
         (loss * config["loss_scale"]).backward()
-        torch._foreach_mul_([p.grad for p in model.parameters() if p.grad is not None], 1.0 / config["loss_scale"])
+        unscale_gradients(model.parameters(), config["loss_scale"])
         optimizer.step()
     else:
         loss.backward()

@@ -1203,6 +1203,12 @@ def fail(error, result, rank, world_size, store, device, wall_start):
           file=sys.stderr, flush=True)
     os._exit(exit_code_for(failure["kind"], signal.SIGINT))
 
+def unscale_gradients(parameters, loss_scale):
+    """A fixed fp16 loss scale undone: every gradient times 1/S in one foreach multiply, with no overflow check
+    and nothing read back on the host (native's train_step, the twin's FixedLossScaler)."""
+    torch._foreach_mul_([p.grad for p in parameters if p.grad is not None], 1.0 / loss_scale)
+
+
 def autocast_for(config):
     """The run's autocast (off in fp32). Its cache of cast weights must stay off while a CUDA graph is
     captured, so with --cuda-graphs it is off."""

@@ -1161,6 +1161,12 @@ def fail(error, result, rank, world_size, store, device, wall_start):
           file=sys.stderr, flush=True)
     os._exit(exit_code_for(failure["kind"], signal.SIGINT))
 
+def unscale_gradients(parameters, loss_scale):
+    """A fixed fp16 loss scale undone: every gradient times 1/S in one foreach multiply, with no overflow check
+    and nothing read back on the host (native's train_step, the twin's FixedLossScaler)."""
+    torch._foreach_mul_([p.grad for p in parameters if p.grad is not None], 1.0 / loss_scale)
+
+
 def autocast_for(config):
     """The run's autocast (off in fp32). Its cache of cast weights must stay off while a CUDA graph is
     captured, so with --cuda-graphs it is off."""
@@ -1282,8 +1288,8 @@ def make_optimizer(parameters, config):
 
 class FixedLossScaler:
     """Native's fixed fp16 --loss-scale S, shaped as the torch.amp.GradScaler that Lightning's MixedPrecision
-    plugin drives: scale() multiplies the loss by S, unscale_() the gradients by 1/S (native's one foreach
-    multiply), step() steps with no overflow check and update() keeps S. Nothing is read back on the host, so
+    plugin drives: scale() multiplies the loss by S, unscale_() the gradients by 1/S (the harness's
+    unscale_gradients, as native), step() steps with no overflow check and update() keeps S. Nothing is read back on the host, so
     the step fits a CUDA graph; a non-finite loss fails the run, as in native."""
 
     def __init__(self, scale):
@@ -1294,8 +1300,7 @@ class FixedLossScaler:
         return loss * self.scale_value
 
     def unscale_(self, optimizer):
-        torch._foreach_mul_([p.grad for group in optimizer.param_groups for p in group["params"]
-                             if p.grad is not None], 1.0 / self.scale_value)
+        unscale_gradients((p for group in optimizer.param_groups for p in group["params"]), self.scale_value)
         self.unscaled.add(id(optimizer))
 
     def step(self, optimizer, *args, **kwargs):

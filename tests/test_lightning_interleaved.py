@@ -32,10 +32,18 @@ def test_interleaves_the_real_twin_with_natives_step(tmp_path):
     assert "Lightning/native, 3 Lightning blocks of 2 steps" in proc.stdout
 
 
-def test_cuda_graphs_are_refused(tmp_path):
+@pytest.mark.parametrize("argv, rule", [
+    (["--cuda-graphs"], "--cuda-graphs is not interleaved: the uncaptured loop is the question"),
+    (["--blocks", "0"], "argument --blocks: must be a positive integer, got 0"),
+    (["--output-json", "{file}/x.json"], "--output-json directory {file} cannot be written"),
+])
+def test_bad_input_is_refused_before_the_run(tmp_path, argv, rule):
     """In this process (the scripts' imports are already paid for): the twin's UsageError, which its run_guarded
-    turns into one line and exit 2 on the command line; nothing written."""
+    turns into one line and exit 2 on the command line, before anything runs; nothing written."""
     interleave = load_script(SCRIPT, "interleave_under_test")
-    with pytest.raises(interleave.twin.UsageError, match="--cuda-graphs is not interleaved"):
-        interleave.main(["--cuda-graphs", "--output-json", str(tmp_path / "x.json")])
-    assert not (tmp_path / "x.json").exists()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    argv = [arg.format(file=a_file) for arg in argv]
+    with pytest.raises(interleave.twin.UsageError, match=rule.format(file=a_file)):
+        interleave.main(["--output-json", str(tmp_path / "x.json"), *argv])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]

@@ -1,7 +1,7 @@
 """Where Lightning's per-step host time goes: a trivial model (Linear 8 -> 4, 4 samples), so that the step is
 almost all loop, trained by a plain loop and by Trainer(barebones=True), the second under cProfile. CPU only.
 
-    python docs/diagnostics/lightning-interleaved/hook_profile.py [automatic|manual] > output.txt
+    python docs/diagnostics/lightning-interleaved/hook_profile.py [automatic|manual] > hook_profile-output.txt
 """
 import cProfile
 import logging

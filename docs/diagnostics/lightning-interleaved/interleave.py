@@ -19,7 +19,6 @@ times include the native blocks) is written to a temporary directory and discard
 Every other option is the scripts' own (given to both; the twin's --devices, --num-nodes and --lightning-*
 to the twin only). --cuda-graphs is refused: the uncaptured loop is the question.
 """
-import argparse
 import datetime
 import importlib.util
 import json
@@ -140,15 +139,18 @@ def summarize_blocks(blocks, images_per_step):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--block-steps", type=int, default=20)
-    parser.add_argument("--blocks", type=int, default=30, help="Lightning blocks (one more native block runs)")
+    parser = twin.OneLineArgumentParser(description=__doc__.split("\n")[0])  # bad input: one line, exit 2
+    parser.add_argument("--block-steps", type=twin.positive_int, default=20)
+    parser.add_argument("--blocks", type=twin.positive_int, default=30,
+                        help="Lightning blocks (one more native block runs)")
     parser.add_argument("--output-json", required=True)
     options, rest = parser.parse_known_args(argv)
     if "--cuda-graphs" in rest:
         raise twin.UsageError("--cuda-graphs is not interleaved: the uncaptured loop is the question")
-    if options.block_steps < 1 or options.blocks < 1:
-        raise twin.UsageError("--block-steps and --blocks must be positive")
+    try:  # before the run, not after it
+        twin.check_output_path(options.output_json, overwrite=True)
+    except twin.UsageError as error:
+        raise twin.UsageError(str(error).replace("--output", "--output-json", 1)) from None
     scratch = tempfile.mkdtemp(prefix="interleave-")
     native_argv = native_arguments(rest) + ["--output", os.path.join(scratch, "native.json")]
     module_class = make_module_class(native_argv, options.block_steps)
