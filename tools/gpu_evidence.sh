@@ -12,7 +12,7 @@
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
-# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a and s16b.
+# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16c.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -596,6 +596,36 @@ section_s16b() {  # session 12, call 2 (issue 7): the eleventh session's best-mo
   pair "$n-bf16-256-gpu0 90 ddp_resnet50.py ${e[*]}" "$n-fp16ls-256-gpu1 90 ddp_resnet50.py $f ${e[*]}"
   pair "$n-fp16ls-256-gpu0 90 ddp_resnet50.py $f ${e[*]}" "$n-bf16-256-gpu1 90 ddp_resnet50.py ${e[*]}"
   telemetry stop
+}
+
+section_s16c() {  # session 12, call 3 (issue 7): in s16b fp16 --loss-scale 1024 in the best mode ran at 7,719 img/s when
+  # it compiled and tuned from a cold Inductor cache and at 7,253-7,262 when it loaded that cache, while bf16 ran the
+  # same either way. Is the tuned fp16 step lost on a cache hit? Each GPU gets its own fresh cache directory: a cold
+  # run on each, then a warm one (the cache as it is) and one with the FX graph and AOTAutograd caches off (Inductor
+  # generates the code again but takes the tuned block sizes from its autotune cache), the GPUs swapped between them.
+  local c=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
+    --steps 200) n=s16-native-1gpu-fp16ls-256-compile-cdt-graphs d0=/tmp/inductor-gpu0 d1=/tmp/inductor-gpu1 first
+  local nofx=(TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0)
+  mkdir -p "$OUT_DIR/diag"
+  rm -rf "$d0" "$d1"
+  telemetry start
+  bench "$n-cold-gpu0" 0 480 env TORCHINDUCTOR_CACHE_DIR=$d0 "$PY" ddp_resnet50.py "${c[@]}" &
+  first=$!
+  bench "$n-cold-gpu1" 1 480 env TORCHINDUCTOR_CACHE_DIR=$d1 "$PY" ddp_resnet50.py "${c[@]}" &
+  wait "$first" $!
+  bench "$n-warm-gpu0" 0 200 env TORCHINDUCTOR_CACHE_DIR=$d0 "$PY" ddp_resnet50.py "${c[@]}" &
+  first=$!
+  bench "$n-nofxcache-gpu1" 1 200 env TORCHINDUCTOR_CACHE_DIR=$d1 "${nofx[@]}" "$PY" ddp_resnet50.py "${c[@]}" &
+  wait "$first" $!
+  bench "$n-nofxcache-gpu0" 0 200 env TORCHINDUCTOR_CACHE_DIR=$d0 "${nofx[@]}" "$PY" ddp_resnet50.py "${c[@]}" &
+  first=$!
+  bench "$n-warm-gpu1" 1 200 env TORCHINDUCTOR_CACHE_DIR=$d1 "$PY" ddp_resnet50.py "${c[@]}" &
+  wait "$first" $!
+  telemetry stop
+  for first in "$d0" "$d1"; do  # what the autotune cache holds: best configs, and how many coordinate descent found
+    echo "$first: $(find "$first" -name '*.best_config' | wc -l) best configs, $(grep -l '"found_by_coordesc": true' \
+      -r "$first" --include '*.best_config' | wc -l) found by coordinate descent"
+  done >"$OUT_DIR/diag/inductor-cache-counts.txt"
 }
 
 section_s15e() {  # session 11, call 5 (issue 7): fp16 with a fixed loss scale ran compiled and captured at 7,221-7,266
