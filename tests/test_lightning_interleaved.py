@@ -47,3 +47,32 @@ def test_bad_input_is_refused_before_the_run(tmp_path, argv, rule):
     with pytest.raises(interleave.twin.UsageError, match=rule.format(file=a_file)):
         interleave.main(["--output-json", str(tmp_path / "x.json"), *argv])
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]
+
+
+POOL = SCRIPT.parent / "pool.py"
+
+
+def test_pool_reproduces_the_committed_pooled_figures(capsys):
+    """pool.py on the committed device runs prints the pooled median and both intervals that the folder's README
+    quotes (one-GPU runs at 32 per GPU, automatic optimization)."""
+    pool = load_script(POOL, "interleave_pool")
+    results = sorted(str(path) for path in (SCRIPT.parent / "results").glob("interleave-1gpu-bf16-32*.json")
+                     if "manual" not in path.name)
+    assert pool.main(results) == 0
+    out = capsys.readouterr().out
+    pooled = f"pooled: {len(results)} runs, "
+    assert pooled in out
+    readme = (SCRIPT.parent / "README.md").read_text()
+    line = out[out.index(pooled):].strip()
+    figures = (line.split("median ")[1].split(";")[0],
+               line.split("interval ")[1].split(" resampling blocks")[0].replace("-", "–"),
+               line.split("blocks, ")[2].split(" resampling runs")[0].replace("-", "–"))
+    assert all(figure in readme for figure in figures), (line, figures)
+
+
+def test_pool_refuses_a_file_that_is_not_a_result(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert load_script(POOL, "interleave_pool").main([str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"pool.py: error: {bad} is not an interleave.py result" in err
