@@ -12,7 +12,7 @@
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
-# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16c.
+# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16d.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -626,6 +626,23 @@ section_s16c() {  # session 12, call 3 (issue 7): in s16b fp16 --loss-scale 1024
     echo "$first: $(find "$first" -name '*.best_config' | wc -l) best configs, $(grep -l '"found_by_coordesc": true' \
       -r "$first" --include '*.best_config' | wc -l) found by coordinate descent"
   done >"$OUT_DIR/diag/inductor-cache-counts.txt"
+}
+
+section_s16d() {  # session 12, call 4 (issue 3): the last device minutes, two more pairs of one-GPU interleaved runs
+  # (60 blocks each) for the pooled Lightning/native ratio at 32 per GPU.
+  local il=docs/diagnostics/lightning-interleaved/interleave.py first round
+  local a=(--batch-size-per-device 32 --warmup-steps 20 --block-steps 20 --blocks 60)
+  mkdir -p "$OUT_DIR/diag"
+  telemetry start
+  for round in h i; do
+    run "s16-interleave-1gpu-bf16-32-gpu0-$round" 0 120 "$PY" "$il" "${a[@]}" \
+      --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-gpu0-$round.json" &
+    first=$!
+    run "s16-interleave-1gpu-bf16-32-gpu1-$round" 1 120 "$PY" "$il" "${a[@]}" \
+      --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-gpu1-$round.json" &
+    wait "$first" $!
+  done
+  telemetry stop
 }
 
 section_s15e() {  # session 11, call 5 (issue 7): fp16 with a fixed loss scale ran compiled and captured at 7,221-7,266
