@@ -702,6 +702,23 @@ def host_activity(start, wall_s):
     return activity
 
 
+def compile_cache_counts():
+    """Inductor's FX graph cache and AOTAutograd's cache lookups this process has made so far (hit, miss,
+    bypass), or None when it compiled nothing. A compiled run that loaded its kernels from a warm cache can run
+    other kernels than one that compiled them afresh (docs/performance.md, the best mode), so a result says which
+    it was."""
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")  # not imported: nothing was compiled
+    if dynamo_utils is None:
+        return None
+    counters = dynamo_utils.counters
+    inductor, aot_autograd = counters.get("inductor") or {}, counters.get("aot_autograd") or {}
+    counts = {f"fx_graph_cache_{kind}": int(inductor.get(f"fxgraph_cache_{kind}", 0))
+              for kind in ("hit", "miss", "bypass")}
+    counts.update({f"autograd_cache_{kind}": int(aot_autograd.get(f"autograd_cache_{kind}", 0))
+                   for kind in ("hit", "miss", "bypass")})
+    return counts if any(counts.values()) else None
+
+
 def utc_text(seconds):
     """A Unix time as UTC text to the millisecond, to line a run's timed steps up with GPU telemetry."""
     moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
@@ -864,8 +881,9 @@ def base_result(config, launch, started_at):
                       "backend": config["backend"], "slurm_job_id": launch.get("slurm_job_id"),
                       "master_addr": launch["master_addr"], "master_port": launch["master_port"]},
             "throughput": None, "step_time_ms": None, "step_times_ms_per_rank": None,
-            "host_lead_ms": None, "host_lead_ms_per_rank": None, "host_cpu_per_rank": None, "loss_per_step": None,
-            "memory": None, "checks": None, "efficiency": None, "failure": None,
+            "host_lead_ms": None, "host_lead_ms_per_rank": None, "host_cpu_per_rank": None,
+            "compile_cache_per_rank": None, "loss_per_step": None, "memory": None, "checks": None,
+            "efficiency": None, "failure": None,
             "software": collect_software(), "hardware": None, "git": collect_git(),
             "started_at": started_at.strftime("%Y-%m-%dT%H:%M:%SZ"), "wall_time_s": None}
 
@@ -893,6 +911,8 @@ def complete_result(result, per_rank, global_batch, flops_per_image):
         result["host_lead_ms"] = summarize([v for lead in leads for v in lead])
         result["host_lead_ms_per_rank"] = leads
     result["host_cpu_per_rank"] = [r.get("host_cpu") for r in per_rank]
+    caches = [r.get("compile_cache") for r in per_rank]
+    result["compile_cache_per_rank"] = None if all(c is None for c in caches) else caches
     result["loss_per_step"] = rank0["losses"]
     result["hardware"] = {"ranks": [r["hardware"] for r in per_rank], "device_count": world_size,
                           "hostnames": sorted({r["hardware"]["hostname"] for r in per_rank}), **rank0["host"]}
@@ -950,6 +970,11 @@ def print_summary_table(result):
         print(f"host during the timed steps (rank 0): machine busy {host['machine_busy_percent']:.0f} %, stolen by "
               f"the hypervisor {host['machine_steal_percent']:.1f} %; this process {host['process_cpu_per_wall']:.2f}"
               f" CPU-s per s, {host['involuntary_context_switches']} involuntary context switches", flush=True)
+    cache = (result["compile_cache_per_rank"] or [None])[0]
+    if cache:
+        print(f"compiled (rank 0): Inductor's FX graph cache {cache['fx_graph_cache_hit']} hit, "
+              f"{cache['fx_graph_cache_miss']} miss, {cache['fx_graph_cache_bypass']} bypass; AOTAutograd's cache "
+              f"{cache['autograd_cache_hit']} hit, {cache['autograd_cache_miss']} miss", flush=True)
 
 
 def exit_code_for(status, signum=0):
@@ -1014,6 +1039,7 @@ def close_record(record, timer, losses, started, device, stop, world_size):
     record["timed_wall_s"] = time.perf_counter() - started["time"] if started is not None else 0.0
     record["timed_window_utc"] = [utc_text(started["utc"]), utc_text(time.time())] if started is not None else None
     record["host_cpu"] = host_activity(started["host"], record["timed_wall_s"]) if started is not None else None
+    record["compile_cache"] = compile_cache_counts()
     last_round = stop.settle(world_size)  # always: no round outlives the loop
     record["signal"] = record["signal"] or last_round  # a signal during the last step
     record["step_times_ms"] = timer.step_times_ms()

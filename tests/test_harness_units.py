@@ -4,11 +4,13 @@ import math
 import os
 import random
 import statistics
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import resolve_config
+from conftest import NATIVE, clean_env, resolve_config
 
 
 def args_for(native, *argv):
@@ -274,3 +276,32 @@ def test_host_activity_shares_and_missing_counters(native, monkeypatch):
     activity = native.host_activity(bare, wall_s=1.0)
     assert activity["process_cpu_per_wall"] == 0.5 and activity["machine_steal_percent"] is None
     assert activity["involuntary_context_switches"] is None and activity["machine_busy_percent"] is None
+
+
+COMPILE_TWICE = """
+import importlib.util, json, sys
+import torch
+spec = importlib.util.spec_from_file_location("native", sys.argv[1])
+native = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(native)
+seen = [native.compile_cache_counts()]
+for _ in range(2):  # the second compilation, after a reset, finds the first one's graph in the on-disk cache
+    torch._dynamo.reset()
+    torch.compile(lambda x: (x * 2).relu().sum())(torch.randn(8))
+    seen.append(native.compile_cache_counts())
+print(json.dumps(seen))
+"""
+
+
+def test_compile_cache_counts_tell_a_cold_compilation_from_a_cache_hit(tmp_path):
+    """A real torch.compile on the CPU, twice in one process with a fresh cache directory: nothing before,
+    a miss after the first compilation, a hit after the second (what compile_cache_per_rank records)."""
+    proc = subprocess.run([sys.executable, "-c", COMPILE_TWICE, str(NATIVE)], capture_output=True, text=True,
+                          timeout=240, env=clean_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")))
+    assert proc.returncode == 0, proc.stderr
+    before, cold, warm = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert before is None
+    assert (cold["fx_graph_cache_miss"], cold["fx_graph_cache_hit"]) == (1, 0)
+    assert (warm["fx_graph_cache_miss"], warm["fx_graph_cache_hit"]) == (1, 1)
+    assert set(cold) == {f"{cache}_{kind}" for cache in ("fx_graph_cache", "autograd_cache")
+                         for kind in ("hit", "miss", "bypass")}

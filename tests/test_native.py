@@ -47,6 +47,7 @@ def test_two_rank_result_field_by_field(native_two_rank):
     assert all(0 <= h["machine_steal_percent"] <= 100 and 0 < h["machine_busy_percent"] <= 100 for h in hosts)
     assert all(h["involuntary_context_switches"] >= 0 and h["voluntary_context_switches"] >= 0 for h in hosts)
     assert result["config"]["cudnn_benchmark_limit"] is None  # no cuDNN on the CPU
+    assert result["compile_cache_per_rank"] is None  # nothing compiled
     # The event (here: host clock per step) sum agrees with the wall time of the timed region.
     checks = result["checks"]
     assert checks["timing_consistent"] and all(0.95 <= q <= 1.02 for q in checks["event_time_over_wall"])
