@@ -557,22 +557,26 @@ section_s15d() {  # session 11, call 4 (issue 3): is the twin's manual optimizat
   telemetry stop
 }
 
+s16_interleave_pair() {  # s16_interleave_pair ROUND LIMIT_S ARGS...: interleave.py at once on GPU 0 and on GPU 1
+  local round=$1 limit=$2 il=docs/diagnostics/lightning-interleaved/interleave.py first
+  shift 2
+  run "s16-interleave-1gpu-bf16-32-gpu0-$round" 0 "$limit" "$PY" "$il" "$@" \
+    --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-gpu0-$round.json" &
+  first=$!
+  run "s16-interleave-1gpu-bf16-32-gpu1-$round" 1 "$limit" "$PY" "$il" "$@" \
+    --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-gpu1-$round.json" &
+  wait "$first" $!
+}
+
 section_s16a() {  # session 12, call 1 (issue 3): the interleaved Lightning/native ratio at 32 per GPU, uncaptured, again:
   # four more one-GPU runs (in pairs, one per GPU, as s15d) and two on 2 GPUs, 80 Lightning blocks each instead of 40,
   # to narrow the interval that the eleventh session's runs left around 0.95 (pooled: pool.py in the same folder).
-  local il=docs/diagnostics/lightning-interleaved/interleave.py first second round
+  local il=docs/diagnostics/lightning-interleaved/interleave.py round
   local a=(--batch-size-per-device 32 --warmup-steps 20 --block-steps 20 --blocks 80)
   mkdir -p "$OUT_DIR/diag"
   telemetry start
-  for round in f g; do
-    run "s16-interleave-1gpu-bf16-32-gpu0-$round" 0 150 "$PY" "$il" "${a[@]}" \
-      --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-gpu0-$round.json" &
-    first=$!
-    run "s16-interleave-1gpu-bf16-32-gpu1-$round" 1 150 "$PY" "$il" "${a[@]}" \
-      --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-gpu1-$round.json" &
-    second=$!
-    wait "$first" "$second"
-  done
+  s16_interleave_pair f 150 "${a[@]}"
+  s16_interleave_pair g 150 "${a[@]}"
   for round in f g; do
     run "s16-interleave-2gpu-bf16-32-$round" 0,1 170 "${TWO[@]}" "$il" --devices 2 "${a[@]}" \
       --output-json "$OUT_DIR/diag/interleave-2gpu-bf16-32-$round.json"
@@ -630,18 +634,11 @@ section_s16c() {  # session 12, call 3 (issue 7): in s16b fp16 --loss-scale 1024
 
 section_s16d() {  # session 12, call 4 (issue 3): the last device minutes, two more pairs of one-GPU interleaved runs
   # (60 blocks each) for the pooled Lightning/native ratio at 32 per GPU.
-  local il=docs/diagnostics/lightning-interleaved/interleave.py first round
   local a=(--batch-size-per-device 32 --warmup-steps 20 --block-steps 20 --blocks 60)
   mkdir -p "$OUT_DIR/diag"
   telemetry start
-  for round in h i; do
-    run "s16-interleave-1gpu-bf16-32-gpu0-$round" 0 120 "$PY" "$il" "${a[@]}" \
-      --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-gpu0-$round.json" &
-    first=$!
-    run "s16-interleave-1gpu-bf16-32-gpu1-$round" 1 120 "$PY" "$il" "${a[@]}" \
-      --output-json "$OUT_DIR/diag/interleave-1gpu-bf16-32-gpu1-$round.json" &
-    wait "$first" $!
-  done
+  s16_interleave_pair h 120 "${a[@]}"
+  s16_interleave_pair i 120 "${a[@]}"
   telemetry stop
 }
 
