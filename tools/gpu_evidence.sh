@@ -608,7 +608,7 @@ section_s16c() {  # session 12, call 3 (issue 7): in s16b fp16 --loss-scale 1024
   # run on each, then a warm one (the cache as it is) and one with the FX graph and AOTAutograd caches off (Inductor
   # generates the code again but takes the tuned block sizes from its autotune cache), the GPUs swapped between them.
   local c=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
-    --steps 200) n=s16-native-1gpu-fp16ls-256-compile-cdt-graphs d0=/tmp/inductor-gpu0 d1=/tmp/inductor-gpu1 first
+    --steps 200) n=s16-native-1gpu-fp16ls-256-compile-cdt-graphs d0=/tmp/inductor-gpu0 d1=/tmp/inductor-gpu1 first dir
   local nofx=(TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0)
   mkdir -p "$OUT_DIR/diag"
   rm -rf "$d0" "$d1"
@@ -626,9 +626,9 @@ section_s16c() {  # session 12, call 3 (issue 7): in s16b fp16 --loss-scale 1024
   bench "$n-warm-gpu1" 1 200 env TORCHINDUCTOR_CACHE_DIR=$d1 "$PY" ddp_resnet50.py "${c[@]}" &
   wait "$first" $!
   telemetry stop
-  for first in "$d0" "$d1"; do  # what the autotune cache holds: best configs, and how many coordinate descent found
-    echo "$first: $(find "$first" -name '*.best_config' | wc -l) best configs, $(grep -l '"found_by_coordesc": true' \
-      -r "$first" --include '*.best_config' | wc -l) found by coordinate descent"
+  for dir in "$d0" "$d1"; do  # what the autotune cache holds: best configs, and how many coordinate descent found
+    echo "$dir: $(find "$dir" -name '*.best_config' | wc -l) best configs, $(grep -l '"found_by_coordesc": true' \
+      -r "$dir" --include '*.best_config' | wc -l) found by coordinate descent"
   done >"$OUT_DIR/diag/inductor-cache-counts.txt"
 }
 

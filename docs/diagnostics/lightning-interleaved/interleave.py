@@ -25,7 +25,6 @@ import json
 import os
 import pathlib
 import platform
-import random
 import shutil
 import socket
 import statistics
@@ -61,12 +60,6 @@ def native_arguments(rest):
 def synchronize(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def bootstrap_median_interval(values, rounds=2000, seed=0):
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(rounds))
-    return medians[int(0.025 * rounds)], medians[int(0.975 * rounds) - 1]
 
 
 def make_module_class(native_argv, block_steps):
@@ -127,7 +120,7 @@ def summarize_blocks(blocks, images_per_step):
     # Lightning block i ran between native blocks i and i + 1
     ratios = [rate / ((native[i] + native[i + 1]) / 2) for i, rate in enumerate(lightning)]
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    low, high = bootstrap_median_interval(ratios)
+    low, high = pool.bootstrap_median_interval([[ratio] for ratio in ratios])  # the blocks resampled
     return {"median_ratio": statistics.median(ratios), "ratio_quartiles": [quartiles[0], quartiles[2]],
             "median_ratio_95pct_interval": [low, high], "ratios": ratios,
             "native_median_images_per_second": statistics.median(native),
@@ -191,6 +184,7 @@ def main(argv=None):
 
 twin = load(ROOT / "lightning" / "ddp_resnet50.py", "lightning_twin")
 native = load(ROOT / "ddp_resnet50.py", "native_ddp")
+pool = load(pathlib.Path(__file__).with_name("pool.py"), "interleave_pool")
 
 if __name__ == "__main__":
     twin.run_guarded(main)  # bad input: one line, exit 2

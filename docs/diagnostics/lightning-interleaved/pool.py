@@ -12,18 +12,13 @@ import statistics
 import sys
 
 
-def pooled_median_intervals(runs, rounds=4000, seed=0):
-    """runs: lists of block ratios. Returns (pooled median, block-bootstrap interval, run-bootstrap interval)."""
+def bootstrap_median_interval(groups, rounds=2000, seed=0):
+    """95 % bootstrap interval of the median of the pooled values: each round draws len(groups) groups with
+    replacement and pools their values. One value per group resamples values; whole runs resample runs."""
     rng = random.Random(seed)
-    pooled = [ratio for run in runs for ratio in run]
-    by_block, by_run = [], []
-    for _ in range(rounds):
-        by_block.append(statistics.median(rng.choices(pooled, k=len(pooled))))
-        by_run.append(statistics.median([ratio for run in rng.choices(runs, k=len(runs)) for ratio in run]))
-    low, high = int(0.025 * rounds), int(0.975 * rounds) - 1
-    by_block.sort()
-    by_run.sort()
-    return statistics.median(pooled), (by_block[low], by_block[high]), (by_run[low], by_run[high])
+    medians = sorted(statistics.median([v for group in rng.choices(groups, k=len(groups)) for v in group])
+                     for _ in range(rounds))
+    return medians[int(0.025 * rounds)], medians[int(0.975 * rounds) - 1]
 
 
 def main(argv=None):
@@ -35,13 +30,18 @@ def main(argv=None):
         try:
             with open(path) as handle:
                 summary = json.load(handle)["summary"]
+            ratios, median = summary["ratios"], float(summary["median_ratio"])
+            if not ratios or not all(isinstance(r, (int, float)) for r in ratios):
+                raise ValueError("no block ratios")
         except (OSError, ValueError, KeyError, TypeError) as error:
             print(f"pool.py: error: {path} is not an interleave.py result ({error})", file=sys.stderr)
             return 2
-        runs.append(summary["ratios"])
-        print(f"{path}: {len(summary['ratios'])} blocks, median {summary['median_ratio']:.3f}")
-    median, block, run = pooled_median_intervals(runs)
-    print(f"pooled: {len(runs)} runs, {sum(map(len, runs))} blocks, median {median:.3f}; 95 % interval "
+        runs.append(ratios)
+        print(f"{path}: {len(ratios)} blocks, median {median:.3f}")
+    pooled = [ratio for run in runs for ratio in run]
+    block = bootstrap_median_interval([[ratio] for ratio in pooled], rounds=4000)
+    run = bootstrap_median_interval(runs, rounds=4000)
+    print(f"pooled: {len(runs)} runs, {len(pooled)} blocks, median {statistics.median(pooled):.3f}; 95 % interval "
           f"{block[0]:.3f}-{block[1]:.3f} resampling blocks, {run[0]:.3f}-{run[1]:.3f} resampling runs; "
           f"median of the run medians {statistics.median(statistics.median(r) for r in runs):.3f}")
     return 0
