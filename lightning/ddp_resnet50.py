@@ -1232,6 +1232,104 @@ class GraphedStep:
         self.graph = self.static_loss = None
 
 
+class SpaceToDepthConv(torch.nn.Module):
+    """ResNet's first convolution (7x7, stride 2, padding 3, no bias) computed as a 4x4 stride-1 convolution of
+    the image cut into 2x2 blocks stacked as channels (space to depth, as in MLPerf's ResNet-50 on TPUs): the
+    same weight parameter, the same output up to rounding. cuDNN gets 12 input channels (padded to `channels`)
+    and a dense 4x4 kernel instead of 3 channels it pads to 8 on every call and a 7x7 stride-2 kernel."""
+
+    def __init__(self, conv, channels=16):
+        super().__init__()
+        if (conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.groups, conv.bias) != \
+                ((7, 7), (2, 2), (3, 3), (1, 1), 1, None):
+            raise ValueError("space to depth is written for ResNet's 7x7 stride-2 stem convolution")
+        self.weight, self.channels = conv.weight, max(channels, 4 * conv.in_channels)  # the model's own parameter
+
+    def forward(self, images):
+        n, c, h, w = images.shape
+        if torch.is_autocast_enabled(images.device.type):  # cast before the copy below, not after
+            images = images.to(torch.get_autocast_dtype(images.device.type))
+        padded = F.pad(images, (3, 3 + w % 2, 3, 3 + h % 2))  # even sides; the extra row meets a zero tap
+        hb, wb = padded.shape[2] // 2, padded.shape[3] // 2
+        blocks = padded.reshape(n, c, hb, 2, wb, 2).permute(0, 2, 4, 3, 5, 1).reshape(n, hb, wb, 4 * c)
+        blocks = F.pad(blocks, (0, self.channels - 4 * c)).permute(0, 3, 1, 2)  # channels_last, (dy, dx, c) order
+        out_channels = self.weight.shape[0]
+        kernel = F.pad(self.weight, (0, 1, 0, 1)).reshape(out_channels, c, 4, 2, 4, 2)  # tap 7 is zero
+        kernel = kernel.permute(0, 2, 4, 3, 5, 1).reshape(out_channels, 4, 4, 4 * c)
+        kernel = F.pad(kernel, (0, self.channels - 4 * c)).permute(0, 3, 1, 2)
+        return F.conv2d(blocks, kernel.to(blocks.dtype))
+
+
+class DenseMaxPoolFunction(torch.autograd.Function):
+    """ResNet's 3x3 stride-2 padding-1 max pool whose backward reads, for each input position, the (at most
+    four) windows that can hold it through plain strided loads, and keeps a window's gradient where the
+    window's saved argmax (an int8 code 0-8 of its position in the window) is this position: the gradient
+    of PyTorch's own backward, ties included. Inductor lowers PyTorch's backward to indirect loads through
+    the indices; this form fuses into one kernel with direct loads."""
+
+    @staticmethod
+    def forward(ctx, images):
+        out, indices = torch.ops.aten.max_pool2d_with_indices(images, [3, 3], [2, 2], [1, 1])
+        height_out, width_out, width = out.shape[2], out.shape[3], images.shape[3]
+        rows = torch.arange(height_out, device=images.device).view(height_out, 1)
+        cols = torch.arange(width_out, device=images.device).view(1, width_out)
+        code = (indices // width - 2 * rows + 1) * 3 + (indices % width - 2 * cols + 1)
+        ctx.save_for_backward(code.to(torch.int8))
+        ctx.input_shape = images.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (code,) = ctx.saved_tensors
+        n, c, h, w = ctx.input_shape
+        height_out, width_out = grad_out.shape[2], grad_out.shape[3]
+        grads = F.pad(grad_out, (0, 1, 0, 1)).permute(0, 2, 3, 1)  # (n, H+1, W+1, c): a zero window past the end
+        codes = F.pad(code, (0, 1, 0, 1), value=-1).permute(0, 2, 3, 1)
+        accumulate = torch.float64 if grad_out.dtype == torch.float64 else torch.float32
+        total = None
+        for dy in (0, 1):  # input row 2i + a lies in windows i (a = 0, 1) and i + 1 (a = 1 only)
+            for dx in (0, 1):
+                window = (slice(None), slice(dy, dy + height_out), None, slice(dx, dx + width_out), None)
+                # the code input (2i + a, 2j + b) has in window (i + dy, j + dx), or -2: not in that window
+                row = torch.arange(2, device=code.device).view(1, 1, 2, 1, 1, 1) - 2 * dy + 1
+                col = torch.arange(2, device=code.device).view(1, 1, 1, 1, 2, 1) - 2 * dx + 1
+                expected = torch.where((row >= 0) & (col >= 0), row * 3 + col, -2)
+                part = torch.where(codes[window] == expected, grads[window].to(accumulate), 0.0)
+                total = part if total is None else total + part
+        grad_in = total.to(grad_out.dtype).reshape(n, 2 * height_out, 2 * width_out, c)[:, :h, :w]
+        return grad_in.permute(0, 3, 1, 2)
+
+
+class DenseMaxPool(torch.nn.Module):
+    def forward(self, images):
+        return DenseMaxPoolFunction.apply(images)
+
+def add_stem_arguments(parser):
+    parser.add_argument("--space-to-depth-stem", action="store_true",
+                        help="compute ResNet's first convolution (7x7, stride 2, on 3 channels) as the equal 4x4 "
+                             "stride-1 convolution of the image cut into 2x2 blocks of 12 channels (padded to 16): "
+                             "the same weight parameter, the same result up to rounding, a shape cuDNN runs faster")
+    parser.add_argument("--dense-max-pool-backward", action="store_true",
+                        help="compute the stem's max-pool gradient from strided reads of the (at most four) "
+                             "windows that hold each input position and the windows' saved argmax, instead of "
+                             "PyTorch's gather through the indices: the same gradient, ties included")
+
+
+def resolve_stem_options(args, config):
+    """How the ResNet stem is computed (mathematically the same model either way)."""
+    config.update(stem_conv="space_to_depth" if args.space_to_depth_stem else "torchvision",
+                  max_pool_backward="dense" if args.dense_max_pool_backward else "torchvision")
+
+
+def apply_stem_options(model, config):
+    """The model with its stem computed as config says; its parameters, and their names, are unchanged."""
+    if config["stem_conv"] == "space_to_depth":
+        model.conv1 = SpaceToDepthConv(model.conv1)
+    if config["max_pool_backward"] == "dense":
+        model.maxpool = DenseMaxPool()
+    return model
+
+
 # ============================================================================ end of harness
 
 
@@ -1242,6 +1340,7 @@ def parse_arguments(argv=None):
     # --cuda-graphs runs the step inside training_step (manual optimization); --loss-scale S hands Lightning's
     # fp16 plugin a fixed-scale scaler (FixedLossScaler) instead of its dynamic GradScaler
     add_ddp_arguments(parser, cuda_graphs=True, fixed_loss_scale=True)
+    add_stem_arguments(parser)
     parser.add_argument("--devices", type=positive_int, default=1, help="devices (processes) per node")
     parser.add_argument("--num-nodes", type=positive_int, default=1, help="nodes")
     parser.add_argument("--lightning-sigterm-sync", action="store_true",
@@ -1378,7 +1477,7 @@ class CurrentStreamDDPStrategy(DDPStrategy):
 class ResNet50Benchmark(L.LightningModule):
     def __init__(self, config, args, result, stop, wall_start):
         super().__init__()
-        self.model = build_model()
+        self.model = apply_stem_options(build_model(), config)
         if config["memory_format"] == "channels_last":
             self.model = self.model.to(memory_format=torch.channels_last)
         self.config, self.args, self.result, self.stop, self.wall_start = config, args, result, stop, wall_start
@@ -1516,6 +1615,7 @@ def main(argv=None):
     bf16_supported = cuda_available and torch.cuda.is_bf16_supported()
     config = resolve_harness_config(args, launch, STRATEGY, cuda_available, device_count, bf16_supported)
     resolve_ddp_options(args, config, launch["world_size"])
+    resolve_stem_options(args, config)
     if args.compiled_ddp == "python_reducer":
         raise UsageError("--compiled-ddp python_reducer is not supported by the Lightning twin: Lightning runs the "
                          "backward itself, outside the compiled module, and compiled autograd was not tried there")

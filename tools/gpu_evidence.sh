@@ -12,7 +12,7 @@
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
-# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16d.
+# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16d; the thirteenth's s17a and on.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -630,6 +630,49 @@ section_s16c() {  # session 12, call 3 (issue 7): in s16b fp16 --loss-scale 1024
     echo "$dir: $(find "$dir" -name '*.best_config' | wc -l) best configs, $(grep -l '"found_by_coordesc": true' \
       -r "$dir" --include '*.best_config' | wc -l) found by coordinate descent"
   done >"$OUT_DIR/diag/inductor-cache-counts.txt"
+}
+
+section_s17a() {  # session 13, call 1 (issue 7): the stem computed differently, same model. Space to depth: conv1 as a
+  # 4x4 stride-1 convolution of 2x2 pixel blocks (cuDNN ran the 7x7 stride-2 one at ~20 TFLOP/s); the dense max-pool
+  # backward (Inductor's gather through the indices was one 1.46 ms kernel). First the stem alone (stem_probe.py),
+  # compiled on GPU 0 and eager on GPU 1, with eager full-model runs on GPU 1 after; then the best mode (fp16
+  # --loss-scale 1024, compiled, tuned, captured), each GPU into its own empty Inductor cache: both options on GPU 0,
+  # none on GPU 1.
+  local stem=docs/diagnostics/stem/stem_probe.py v name n=s17-native-1gpu e=(--warmup-steps 10 --steps 200)
+  local c=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
+    --steps 200) fast=(--space-to-depth-stem --dense-max-pool-backward) first
+  mkdir -p "$OUT_DIR/diag"
+  rm -rf /tmp/inductor-s17-gpu0 /tmp/inductor-s17-gpu1
+  telemetry start
+  { for v in "--conv module --maxpool module" "--conv space-to-depth --maxpool module" \
+             "--conv module --maxpool dense" "--conv space-to-depth --maxpool dense" \
+             "--conv space-to-depth --maxpool dense --precision fp16" "--conv module --maxpool module --precision fp16"; do
+      name=$(echo "$v" | sed 's/--conv //; s/ --maxpool /-/; s/ --precision /-/')
+      run "s17-stem-compile-$name" 0 120 env TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-s17-probe "$PY" "$stem" --part stem \
+        --compile $v --json "$OUT_DIR/diag/stem-compile-$name.json"
+    done
+  } &
+  first=$!
+  { for v in "--conv module --maxpool module" "--conv space-to-depth --maxpool module" \
+             "--conv space-to-depth --s2d-channels 12 --maxpool module" "--conv module --maxpool dense" \
+             "--conv space-to-depth --maxpool dense" "--conv module --maxpool scatter"; do
+      name=$(echo "$v" | sed 's/--conv //; s/ --s2d-channels /-/; s/ --maxpool /-/')
+      run "s17-stem-eager-$name" 1 60 "$PY" "$stem" --part stem $v --json "$OUT_DIR/diag/stem-eager-$name.json"
+    done
+    for v in module space-to-depth; do
+      run "s17-conv-eager-$v" 1 60 "$PY" "$stem" --part conv --conv $v --json "$OUT_DIR/diag/conv-eager-$v.json"
+    done
+    bench "$n-fp16ls-256-gpu1" 1 90 "$PY" ddp_resnet50.py --precision fp16 --loss-scale 1024 "${e[@]}"
+    bench "$n-fp16ls-256-fast-gpu1" 1 90 "$PY" ddp_resnet50.py --precision fp16 --loss-scale 1024 "${fast[@]}" "${e[@]}"
+  } &
+  wait "$first" $!
+  bench "$n-fp16ls-256-compile-cdt-graphs-fast-cold-gpu0" 0 400 env TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-s17-gpu0 \
+    "$PY" ddp_resnet50.py "${c[@]}" "${fast[@]}" &
+  first=$!
+  bench "$n-fp16ls-256-compile-cdt-graphs-cold-gpu1" 1 400 env TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-s17-gpu1 \
+    "$PY" ddp_resnet50.py "${c[@]}" &
+  wait "$first" $!
+  telemetry stop
 }
 
 section_s16d() {  # session 12, call 4 (issue 3): the last device minutes, two more pairs of one-GPU interleaved runs
