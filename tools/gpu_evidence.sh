@@ -675,6 +675,32 @@ section_s17a() {  # session 13, call 1 (issue 7): the stem computed differently,
   telemetry stop
 }
 
+section_s17b() {  # session 13, call 2 (issue 7): s17a's best-mode pair again with the GPUs swapped (both stem options on
+  # GPU 1, none on GPU 0, each into its own empty Inductor cache); then bf16 with the options (GPU 0) beside the
+  # Lightning twin's fp16 with them (GPU 1); last, eager with space to depth only (the dense max-pool backward is
+  # for compiled steps: eager it took the stem from 8.2 to 19.4 ms in s17a) beside eager without, in fp16.
+  local n=s17-native-1gpu l=s17-lightning-1gpu L=lightning/ddp_resnet50.py e=(--warmup-steps 10 --steps 200) first
+  local c=(--compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20 --steps 200)
+  local f=(--precision fp16 --loss-scale 1024) fast=(--space-to-depth-stem --dense-max-pool-backward) d=/tmp/inductor-s17b
+  rm -rf "$d"-*
+  telemetry start
+  bench "$n-fp16ls-256-compile-cdt-graphs-cold-gpu0" 0 300 env TORCHINDUCTOR_CACHE_DIR=$d-1 \
+    "$PY" ddp_resnet50.py "${f[@]}" "${c[@]}" &
+  first=$!
+  bench "$n-fp16ls-256-compile-cdt-graphs-fast-cold-gpu1" 1 300 env TORCHINDUCTOR_CACHE_DIR=$d-2 \
+    "$PY" ddp_resnet50.py "${f[@]}" "${c[@]}" "${fast[@]}" &
+  wait "$first" $!
+  bench "$n-bf16-256-compile-cdt-graphs-fast-cold-gpu0" 0 300 env TORCHINDUCTOR_CACHE_DIR=$d-3 \
+    "$PY" ddp_resnet50.py "${c[@]}" "${fast[@]}" &
+  first=$!
+  bench "$l-fp16ls-256-compile-cdt-graphs-fast-cold-gpu1" 1 300 env TORCHINDUCTOR_CACHE_DIR=$d-4 \
+    "$PY" "$L" "${f[@]}" "${c[@]}" "${fast[@]}" &
+  wait "$first" $!
+  pair "$n-fp16ls-256-s2d-gpu0 60 ddp_resnet50.py ${f[*]} --space-to-depth-stem ${e[*]}" \
+       "$n-fp16ls-256-gpu1-b 60 ddp_resnet50.py ${f[*]} ${e[*]}"
+  telemetry stop
+}
+
 section_s16d() {  # session 12, call 4 (issue 3): the last device minutes, two more pairs of one-GPU interleaved runs
   # (60 blocks each) for the pooled Lightning/native ratio at 32 per GPU.
   local a=(--batch-size-per-device 32 --warmup-steps 20 --block-steps 20 --blocks 60)
