@@ -228,9 +228,14 @@ def effective_options(config, benchmark, world_size, environment=None):
       it changes what Inductor generates;
     - cuDNN's autotuning limit (recorded since --cudnn-benchmark-limit): PyTorch's default, 10 algorithms per
       convolution, where cuDNN autotuned;
-    - the DDP comm hook (recorded since --comm-hook): none, DDP's own all-reduce."""
+    - the DDP comm hook (recorded since --comm-hook): none, DDP's own all-reduce;
+    - how the ResNet stem was computed (recorded since --space-to-depth-stem and --dense-max-pool-backward, in the
+      native script and the Lightning twin): as torchvision's modules."""
     config, environment = dict(config), environment or {}
     config.setdefault("comm_hook", "none")
+    if benchmark in (NATIVE, LIGHTNING):
+        config.setdefault("stem_conv", "torchvision")
+        config.setdefault("max_pool_backward", "torchvision")
     if (config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config
             and benchmark in (NATIVE, LIGHTNING)):
         config["compiled_ddp"] = "ddp_optimizer"

@@ -172,11 +172,14 @@ def test_compile_runs_end_to_end(tmp_path):
     """torch.compile on the CPU (Inductor's C++ backend): slow to compile, so two images and one timed step."""
     output = tmp_path / "compiled.json"
     proc = run_script(NATIVE, [*SMALL, "--batch-size-per-device", "2", "--warmup-steps", "1", "--steps", "1",
-                               "--compile-mode", "default", "--coordinate-descent-tuning", "--output", str(output)],
+                               "--compile-mode", "default", "--coordinate-descent-tuning", "--space-to-depth-stem",
+                               "--dense-max-pool-backward", "--output", str(output)],
                       timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = read_result(output)
     assert result["config"]["compile"] is True and result["config"]["compile_mode"] == "default"
+    # the stem options are written for compiled steps: Dynamo and Inductor take them (autograd.Function included)
+    assert (result["config"]["stem_conv"], result["config"]["max_pool_backward"]) == ("space_to_depth", "dense")
     assert result["config"]["coordinate_descent_tuning"] is True  # a no-op for the CPU's C++ kernels
     assert result["status"] == "ok" and result["checks"]["loss_finite"]
 
@@ -229,8 +232,9 @@ def test_cudnn_benchmark_limit_reaches_cudnn_and_what_runs_is_recorded(native, t
 
 
 def test_the_stem_probes_scatter_max_pool_gives_the_modules_gradient():
-    """docs/diagnostics/stem/README.md reports a max-pool backward written as a scatter; its claim that the
-    gradient is the module's (ties included, both memory layouts) is checked here, on the CPU in float64."""
+    """docs/diagnostics/stem/README.md reports a max-pool backward written as a scatter, and times the scripts'
+    dense max-pool backward and space-to-depth convolution; its claim that each gives the module's output and
+    gradient (ties included, both memory layouts, odd sizes) is checked here, on the CPU in float64."""
     from conftest import ROOT, load_script
     probe = load_script(ROOT / "docs" / "diagnostics" / "stem" / "stem_probe.py", "stem_probe_under_test")
     probe.check()  # asserts equal outputs and gradients
@@ -243,6 +247,65 @@ def test_the_stem_probes_scatter_max_pool_gives_the_modules_gradient():
     reference = images.detach().clone().requires_grad_(True)
     torch.nn.MaxPool2d(3, 2, 1)(reference).sum().backward()
     assert torch.equal(reference.grad, images.grad)
+
+
+@pytest.mark.parametrize("size", [32, 33])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_the_stem_options_compute_the_same_model(native, size, layout):
+    """--space-to-depth-stem and --dense-max-pool-backward change how the stem is computed, not the model: the
+    same parameters under the same names, and in float64 the same output and the same gradient of every
+    parameter as torchvision's ResNet-50 (to rounding, which batch norm over 4 images magnifies to ~1e-10)."""
+    import copy
+
+    import torch
+    torch.manual_seed(0)
+    memory_format = getattr(torch, "channels_last" if layout == "channels_last" else "contiguous_format")
+    reference = native.build_model().double().to(memory_format=memory_format)
+    images = torch.randn(4, 3, size, size, dtype=torch.float64).contiguous(memory_format=memory_format)
+    labels = torch.randint(0, 1000, (4,))
+    for stem_conv, max_pool_backward in (("space_to_depth", "torchvision"), ("torchvision", "dense"),
+                                         ("space_to_depth", "dense")):
+        config = {"stem_conv": stem_conv, "max_pool_backward": max_pool_backward}
+        model = native.apply_stem_options(copy.deepcopy(reference), config)
+        assert [name for name, _ in model.named_parameters()] == [name for name, _ in reference.named_parameters()]
+        assert model.state_dict().keys() == reference.state_dict().keys()
+        outputs = [net(images) for net in (reference, model)]
+        assert torch.allclose(outputs[0], outputs[1], rtol=1e-9, atol=1e-9), config
+        grads = [torch.autograd.grad(torch.nn.functional.cross_entropy(out, labels), list(net.parameters()))
+                 for out, net in zip(outputs, (reference, model))]
+        worst = max(((a - b).abs().max() / a.abs().max().clamp_min(1e-30)).item() for a, b in zip(*grads))
+        assert worst < 1e-8, (config, worst)
+
+
+def test_the_dense_max_pool_routes_ties_as_pytorch_does(native):
+    import torch
+    images = torch.tensor([[[[1.0, 5.0, 5.0], [0.0, 2.0, 5.0], [3.0, 1.0, 4.0]]]], requires_grad=True)
+    native.DenseMaxPool()(images).sum().backward()
+    # as in the scatter test below: the top windows both take the first 5 in scan order, (0, 1)
+    assert images.grad.tolist() == [[[[0.0, 2.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]]]
+
+
+def test_the_stem_options_reach_both_twins_which_train_alike(tmp_path, native_two_rank):
+    """Both twins with both stem options (eager, 2 gloo processes): recorded, parameters in sync, the same loss
+    at every step and the same weights as each other; before any update the loss is torchvision's stem's (to
+    float32 rounding: the convolution sums its 147 products in another order)."""
+    fast = ["--space-to-depth-stem", "--dense-max-pool-backward"]
+    results = {}
+    for script, extra in ((NATIVE, []), (LIGHTNING, ["--devices", "2"])):
+        output = tmp_path / f"{script.parent.name}-stem.json"
+        proc = run_script(script, [*SMALL, *fast, "--output", str(output), *extra], nproc=1 if extra else 2)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        results[script] = result = read_result(output)
+        assert (result["config"]["stem_conv"], result["config"]["max_pool_backward"]) == ("space_to_depth", "dense")
+        assert result["checks"]["parameters_synchronized"] is True
+    native, lightning = results[NATIVE], results[LIGHTNING]
+    assert lightning["loss_per_step"] == pytest.approx(native["loss_per_step"], rel=1e-5, abs=1e-6)
+    assert lightning["checks"]["final_parameter_checksum"] == pytest.approx(
+        native["checks"]["final_parameter_checksum"], rel=1e-6)
+    _, torchvision_stem = native_two_rank  # the same command without the options
+    assert torchvision_stem["config"]["stem_conv"] == "torchvision"
+    assert native["loss_per_step"][0] == pytest.approx(torchvision_stem["loss_per_step"][0], rel=1e-4)
+    assert native["efficiency"]["model_flops_per_image"] == torchvision_stem["efficiency"]["model_flops_per_image"]
 
 
 @pytest.mark.parametrize("argv,rule", [(["--batch", "0"], "argument --batch: must be a positive integer"),
