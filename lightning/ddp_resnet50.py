@@ -1275,28 +1275,27 @@ class DenseMaxPoolFunction(torch.autograd.Function):
         cols = torch.arange(width_out, device=images.device).view(1, width_out)
         code = (indices // width - 2 * rows + 1) * 3 + (indices % width - 2 * cols + 1)
         ctx.save_for_backward(code.to(torch.int8))
-        ctx.input_shape = images.shape
+        ctx.input_size = images.shape[2:]
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        (code,) = ctx.saved_tensors
-        n, c, h, w = ctx.input_shape
-        height_out, width_out = grad_out.shape[2], grad_out.shape[3]
+        n, c, height_out, width_out = grad_out.shape
         grads = F.pad(grad_out, (0, 1, 0, 1)).permute(0, 2, 3, 1)  # (n, H+1, W+1, c): a zero window past the end
-        codes = F.pad(code, (0, 1, 0, 1), value=-1).permute(0, 2, 3, 1)
+        codes = F.pad(ctx.saved_tensors[0], (0, 1, 0, 1), value=-1).permute(0, 2, 3, 1)
         accumulate = torch.float64 if grad_out.dtype == torch.float64 else torch.float32
         total = None
         for dy in (0, 1):  # input row 2i + a lies in windows i (a = 0, 1) and i + 1 (a = 1 only)
             for dx in (0, 1):
                 window = (slice(None), slice(dy, dy + height_out), None, slice(dx, dx + width_out), None)
                 # the code input (2i + a, 2j + b) has in window (i + dy, j + dx), or -2: not in that window
-                row = torch.arange(2, device=code.device).view(1, 1, 2, 1, 1, 1) - 2 * dy + 1
-                col = torch.arange(2, device=code.device).view(1, 1, 1, 1, 2, 1) - 2 * dx + 1
+                row = torch.arange(2, device=codes.device).view(1, 1, 2, 1, 1, 1) - 2 * dy + 1
+                col = torch.arange(2, device=codes.device).view(1, 1, 1, 1, 2, 1) - 2 * dx + 1
                 expected = torch.where((row >= 0) & (col >= 0), row * 3 + col, -2)
                 part = torch.where(codes[window] == expected, grads[window].to(accumulate), 0.0)
                 total = part if total is None else total + part
-        grad_in = total.to(grad_out.dtype).reshape(n, 2 * height_out, 2 * width_out, c)[:, :h, :w]
+        height, width = ctx.input_size
+        grad_in = total.to(grad_out.dtype).reshape(n, 2 * height_out, 2 * width_out, c)[:, :height, :width]
         return grad_in.permute(0, 3, 1, 2)
 
 
