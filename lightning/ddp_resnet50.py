@@ -948,6 +948,12 @@ def print_environment(result, config):
           f"{config['global_batch_size']}) | {config['image_size']} px | precision {config['precision']} "
           f"(asked {config['precision_requested']}) | {config['memory_format']} | compile {config['compile_mode']} | "
           f"warm-up {config['warmup_steps']} + {config['steps']} timed steps", flush=True)
+    stem = [text for key, text in (("stem_conv", "conv1 as space to depth"), ("max_pool_backward", "dense max-pool "
+            "backward")) if config.get(key, "torchvision") != "torchvision"]
+    if stem:
+        print(f"   stem computed another way (same model): {', '.join(stem)}"
+              + ("" if config["compile"] else "; these are for compiled steps (eager, the dense max-pool backward "
+                 "made the stem 2.3x slower on an H200)" if "dense max-pool backward" in stem else ""), flush=True)
 
 
 def print_summary_table(result):

@@ -728,6 +728,21 @@ section_s17c() {  # session 13, call 3 (issue 7): can cuDNN run the space-to-dep
   telemetry stop
 }
 
+section_s17d() {  # session 13, call 4 (issue 7): the last device minutes: the final code of the stem options on the GPU,
+  # and their gain without coordinate-descent tuning (a shorter compilation): fp16 --loss-scale 1024, compiled and
+  # captured, both options on GPU 0 beside none on GPU 1, each into its own empty Inductor cache.
+  local n=s17-native-1gpu c=(--precision fp16 --loss-scale 1024 --compile --cuda-graphs --warmup-steps 20 --steps 200)
+  local d=/tmp/inductor-s17d first
+  rm -rf "$d"-*
+  telemetry start
+  bench "$n-fp16ls-256-compile-graphs-fast-cold-gpu0" 0 200 env TORCHINDUCTOR_CACHE_DIR=$d-1 \
+    "$PY" ddp_resnet50.py "${c[@]}" --space-to-depth-stem --dense-max-pool-backward &
+  first=$!
+  bench "$n-fp16ls-256-compile-graphs-cold-gpu1" 1 200 env TORCHINDUCTOR_CACHE_DIR=$d-2 "$PY" ddp_resnet50.py "${c[@]}" &
+  wait "$first" $!
+  telemetry stop
+}
+
 section_s16d() {  # session 12, call 4 (issue 3): the last device minutes, two more pairs of one-GPU interleaved runs
   # (60 blocks each) for the pooled Lightning/native ratio at 32 per GPU.
   local a=(--batch-size-per-device 32 --warmup-steps 20 --block-steps 20 --blocks 60)
