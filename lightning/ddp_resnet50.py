@@ -950,10 +950,10 @@ def print_environment(result, config):
           f"warm-up {config['warmup_steps']} + {config['steps']} timed steps", flush=True)
     stem = [text for key, text in (("stem_conv", "conv1 as space to depth"), ("max_pool_backward", "dense max-pool "
             "backward")) if config.get(key, "torchvision") != "torchvision"]
+    eager_note = ("; these are for compiled steps (eager, the dense max-pool backward made the stem 2.3x slower on "
+                  "an H200)") if config.get("max_pool_backward") == "dense" and not config["compile"] else ""
     if stem:
-        print(f"   stem computed another way (same model): {', '.join(stem)}"
-              + ("" if config["compile"] else "; these are for compiled steps (eager, the dense max-pool backward "
-                 "made the stem 2.3x slower on an H200)" if "dense max-pool backward" in stem else ""), flush=True)
+        print(f"   stem computed another way (same model): {', '.join(stem)}{eager_note}", flush=True)
 
 
 def print_summary_table(result):
@@ -1249,7 +1249,9 @@ class SpaceToDepthConv(torch.nn.Module):
         if (conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.groups, conv.bias) != \
                 ((7, 7), (2, 2), (3, 3), (1, 1), 1, None):
             raise ValueError("space to depth is written for ResNet's 7x7 stride-2 stem convolution")
-        self.weight, self.channels = conv.weight, max(channels, 4 * conv.in_channels)  # the model's own parameter
+        if channels < 4 * conv.in_channels:
+            raise ValueError(f"{channels} channels cannot hold 2x2 blocks of {conv.in_channels}")
+        self.weight, self.channels = conv.weight, channels  # the model's own parameter
 
     def forward(self, images):
         n, c, h, w = images.shape
@@ -1263,7 +1265,7 @@ class SpaceToDepthConv(torch.nn.Module):
         kernel = F.pad(self.weight, (0, 1, 0, 1)).reshape(out_channels, c, 4, 2, 4, 2)  # tap 7 is zero
         kernel = kernel.permute(0, 2, 4, 3, 5, 1).reshape(out_channels, 4, 4, 4 * c)
         kernel = F.pad(kernel, (0, self.channels - 4 * c)).permute(0, 3, 1, 2)
-        return F.conv2d(blocks, kernel.to(blocks.dtype))
+        return F.conv2d(blocks, kernel)  # autocast casts the weight as it casts any convolution's
 
 
 class DenseMaxPoolFunction(torch.autograd.Function):
@@ -1290,13 +1292,13 @@ class DenseMaxPoolFunction(torch.autograd.Function):
         grads = F.pad(grad_out, (0, 1, 0, 1)).permute(0, 2, 3, 1)  # (n, H+1, W+1, c): a zero window past the end
         codes = F.pad(ctx.saved_tensors[0], (0, 1, 0, 1), value=-1).permute(0, 2, 3, 1)
         accumulate = torch.float64 if grad_out.dtype == torch.float64 else torch.float32
+        parity = torch.arange(2, device=codes.device)  # a (rows) and b (columns) below
         total = None
         for dy in (0, 1):  # input row 2i + a lies in windows i (a = 0, 1) and i + 1 (a = 1 only)
             for dx in (0, 1):
                 window = (slice(None), slice(dy, dy + height_out), None, slice(dx, dx + width_out), None)
                 # the code input (2i + a, 2j + b) has in window (i + dy, j + dx), or -2: not in that window
-                row = torch.arange(2, device=codes.device).view(1, 1, 2, 1, 1, 1) - 2 * dy + 1
-                col = torch.arange(2, device=codes.device).view(1, 1, 1, 1, 2, 1) - 2 * dx + 1
+                row, col = parity.view(1, 1, 2, 1, 1, 1) - 2 * dy + 1, parity.view(1, 1, 1, 1, 2, 1) - 2 * dx + 1
                 expected = torch.where((row >= 0) & (col >= 0), row * 3 + col, -2)
                 part = torch.where(codes[window] == expected, grads[window].to(accumulate), 0.0)
                 total = part if total is None else total + part
@@ -1308,6 +1310,7 @@ class DenseMaxPoolFunction(torch.autograd.Function):
 class DenseMaxPool(torch.nn.Module):
     def forward(self, images):
         return DenseMaxPoolFunction.apply(images)
+
 
 def add_stem_arguments(parser):
     parser.add_argument("--space-to-depth-stem", action="store_true",

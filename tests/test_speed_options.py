@@ -169,7 +169,8 @@ def test_coordinate_descent_tuning_reaches_inductor_and_what_runs_is_recorded(na
 
 
 def test_compile_runs_end_to_end(tmp_path):
-    """torch.compile on the CPU (Inductor's C++ backend): slow to compile, so two images and one timed step."""
+    """torch.compile on the CPU (Inductor's C++ backend): slow to compile, so two images and one timed step, with
+    the stem options, which are written for compiled steps (the rest of the compiled path is the same without)."""
     output = tmp_path / "compiled.json"
     proc = run_script(NATIVE, [*SMALL, "--batch-size-per-device", "2", "--warmup-steps", "1", "--steps", "1",
                                "--compile-mode", "default", "--coordinate-descent-tuning", "--space-to-depth-stem",
@@ -231,7 +232,7 @@ def test_cudnn_benchmark_limit_reaches_cudnn_and_what_runs_is_recorded(native, t
     assert applied(["--no-cudnn-benchmark"])[0] is None  # heuristics: no algorithm is timed
 
 
-def test_the_stem_probes_scatter_max_pool_gives_the_modules_gradient():
+def test_the_stem_probes_max_pools_give_the_modules_gradient():
     """docs/diagnostics/stem/README.md reports a max-pool backward written as a scatter, and times the scripts'
     dense max-pool backward and space-to-depth convolution; its claim that each gives the module's output and
     gradient (ties included, both memory layouts, odd sizes) is checked here, on the CPU in float64."""
@@ -239,14 +240,16 @@ def test_the_stem_probes_scatter_max_pool_gives_the_modules_gradient():
     probe = load_script(ROOT / "docs" / "diagnostics" / "stem" / "stem_probe.py", "stem_probe_under_test")
     probe.check()  # asserts equal outputs and gradients
     import torch
-    images = torch.tensor([[[[1.0, 5.0, 5.0], [0.0, 2.0, 5.0], [3.0, 1.0, 4.0]]]], requires_grad=True)
-    probe.ScatterMaxPool.apply(images).sum().backward()
-    # a 2x2 output over a 3x3 input (3x3 windows, stride 2, padding 1): the top windows both pick the first 5 in
-    # scan order, (0, 1), although the top-right window holds three 5s; the bottom ones pick 3 and the 5 at (1, 2)
-    assert images.grad.tolist() == [[[[0.0, 2.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]]]
-    reference = images.detach().clone().requires_grad_(True)
-    torch.nn.MaxPool2d(3, 2, 1)(reference).sum().backward()
-    assert torch.equal(reference.grad, images.grad)
+    for pool in (probe.ScatterMaxPoolModule(), probe.bench.DenseMaxPool()):
+        images = torch.tensor([[[[1.0, 5.0, 5.0], [0.0, 2.0, 5.0], [3.0, 1.0, 4.0]]]], requires_grad=True)
+        pool(images).sum().backward()
+        # a 2x2 output over a 3x3 input (3x3 windows, stride 2, padding 1): the top windows both pick the first 5
+        # in scan order, (0, 1), although the top-right window holds three 5s; the bottom ones pick 3 and the 5 at
+        # (1, 2)
+        assert images.grad.tolist() == [[[[0.0, 2.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]]], pool
+        reference = images.detach().clone().requires_grad_(True)
+        torch.nn.MaxPool2d(3, 2, 1)(reference).sum().backward()
+        assert torch.equal(reference.grad, images.grad)
 
 
 @pytest.mark.parametrize("size", [32, 33])
@@ -277,14 +280,6 @@ def test_the_stem_options_compute_the_same_model(native, size, layout):
         assert worst < 1e-8, (config, worst)
 
 
-def test_the_dense_max_pool_routes_ties_as_pytorch_does(native):
-    import torch
-    images = torch.tensor([[[[1.0, 5.0, 5.0], [0.0, 2.0, 5.0], [3.0, 1.0, 4.0]]]], requires_grad=True)
-    native.DenseMaxPool()(images).sum().backward()
-    # as in the scatter test below: the top windows both take the first 5 in scan order, (0, 1)
-    assert images.grad.tolist() == [[[[0.0, 2.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]]]
-
-
 def test_the_stem_options_reach_both_twins_which_train_alike(tmp_path, native_two_rank):
     """Both twins with both stem options (eager, 2 gloo processes): recorded, parameters in sync, the same loss
     at every step and the same weights as each other; before any update the loss is torchvision's stem's (to
@@ -313,8 +308,11 @@ def test_the_stem_options_reach_both_twins_which_train_alike(tmp_path, native_tw
 @pytest.mark.parametrize("argv,rule", [(["--batch", "0"], "argument --batch: must be a positive integer"),
                                        (["--iterations", "-3"], "argument --iterations: must be a positive integer"),
                                        (["--benchmark-limit", "-1"],
-                                        "argument --benchmark-limit: must be zero or a positive integer")])
-def test_the_stem_probe_refuses_bad_numbers_in_one_line(argv, rule, tmp_path):
+                                        "argument --benchmark-limit: must be zero or a positive integer"),
+                                       (["--s2d-channels", "12"], "--s2d-channels needs --conv space-to-depth"),
+                                       (["--conv", "space-to-depth", "--pad-channels", "8"],
+                                        "--conv space-to-depth takes the 3-channel image")])
+def test_the_stem_probe_refuses_bad_input_in_one_line(argv, rule, tmp_path):
     from conftest import ROOT
     output = tmp_path / "stem.json"
     proc = run_script(ROOT / "docs" / "diagnostics" / "stem" / "stem_probe.py", [*argv, "--json", str(output)])

@@ -705,7 +705,7 @@ section_s17c() {  # session 13, call 3 (issue 7): can cuDNN run the space-to-dep
   # every algorithm (--cudnn-benchmark-limit 0)? The stem's convolution alone (eager) with 16 and 12 channels and
   # both limits on GPU 1, while GPU 0 runs the best mode with both stem options and the limit 0; then the same
   # without the limit on GPU 1, side by side with nothing. Last the eager pair that s17b's time cut.
-  local n=s17-native-1gpu stem=docs/diagnostics/stem/stem_probe.py e=(--warmup-steps 10 --steps 200) first v
+  local n=s17-native-1gpu stem=docs/diagnostics/stem/stem_probe.py e=(--warmup-steps 10 --steps 200) first v ch lim
   local c=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
     --steps 200 --space-to-depth-stem --dense-max-pool-backward) d=/tmp/inductor-s17c
   rm -rf "$d"-*
@@ -715,9 +715,9 @@ section_s17c() {  # session 13, call 3 (issue 7): can cuDNN run the space-to-dep
     "$PY" ddp_resnet50.py "${c[@]}" --cudnn-benchmark-limit 0 &
   first=$!
   { for v in "16 10" "16 0" "12 10" "12 0"; do
-      set -- $v
-      run "s17-conv-eager-space-to-depth-$1-l$2" 1 40 "$PY" "$stem" --part conv --conv space-to-depth \
-        --s2d-channels "$1" --benchmark-limit "$2" --precision fp16 --json "$OUT_DIR/diag/conv-eager-s2d-$1-l$2-fp16.json"
+      read -r ch lim <<<"$v"
+      run "s17-conv-eager-space-to-depth-$ch-l$lim" 1 40 "$PY" "$stem" --part conv --conv space-to-depth \
+        --s2d-channels "$ch" --benchmark-limit "$lim" --precision fp16 --json "$OUT_DIR/diag/conv-eager-s2d-$ch-l$lim-fp16.json"
     done
     bench "$n-fp16ls-256-compile-cdt-graphs-fast-cold-gpu1-b" 1 330 env TORCHINDUCTOR_CACHE_DIR=$d-2 \
       "$PY" ddp_resnet50.py "${c[@]}"

@@ -21,7 +21,8 @@ the output gradient to the positions the forward's indices name: the same gradie
 element as PyTorch's own backward, computed as one pass over the output instead of a gather per input element.
 --conv space-to-depth and --maxpool dense are the scripts' --space-to-depth-stem and --dense-max-pool-backward
 (the harness's SpaceToDepthConv and DenseMaxPool, imported from ddp_resnet50.py); --s2d-channels 12 leaves the
-blocks' 12 channels unpadded. One configuration per process: cuDNN keeps the algorithm it picked for a shape for the life of the process.
+blocks' 12 channels unpadded (the scripts pad them to 16, the default). One configuration per process: cuDNN
+keeps the algorithm it picked for a shape for the life of the process.
 """
 import pathlib
 import sys
@@ -104,13 +105,19 @@ def main():
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--maxpool", choices=["module", "scatter", "dense"], default="module")
     parser.add_argument("--conv", choices=["module", "space-to-depth"], default="module")
-    parser.add_argument("--s2d-channels", type=int, choices=[12, 16], default=16)
+    parser.add_argument("--s2d-channels", type=int, choices=[12, 16], help="with --conv space-to-depth (default 16)")
     parser.add_argument("--precision", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--batch", type=bench.positive_int, default=256)
     parser.add_argument("--iterations", type=bench.positive_int, default=100)
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.conv == "space-to-depth" and args.pad_channels != 3:
+        raise bench.UsageError("--conv space-to-depth takes the 3-channel image (no --pad-channels)")
+    if args.s2d_channels and args.conv != "space-to-depth":
+        raise bench.UsageError("--s2d-channels needs --conv space-to-depth")
+    if args.conv == "space-to-depth":
+        args.s2d_channels = args.s2d_channels or 16
     probe_checks.check_json_path(args.json)
     if args.check:
         check()
@@ -132,8 +139,6 @@ def main():
             padded.weight[:, :3] = conv.weight
         conv = padded
     if args.conv == "space-to-depth":
-        if args.pad_channels != 3:
-            raise bench.UsageError("--conv space-to-depth takes the 3-channel image (no --pad-channels)")
         conv = bench.SpaceToDepthConv(conv, channels=args.s2d_channels)
     maxpool = {"module": model.maxpool, "scatter": ScatterMaxPoolModule(), "dense": bench.DenseMaxPool()}[args.maxpool]
     modules = [conv] if args.part == "conv" else [conv, model.bn1, model.relu, maxpool]
@@ -168,14 +173,14 @@ def main():
     stats = bench.summarize(times)
     median, mad = stats["median"], stats["mad"]
     result = {"part": args.part, "pad_channels": args.pad_channels, "compile": args.compile, "maxpool": args.maxpool,
-              "conv": args.conv, "s2d_channels": args.s2d_channels if args.conv == "space-to-depth" else None,
+              "conv": args.conv, "s2d_channels": args.s2d_channels,
               "precision": args.precision,
               "benchmark_limit": torch.backends.cudnn.benchmark_limit, "batch": args.batch,
               "median_ms": median, "mad_ms": mad, "min_ms": min(times), "iterations": args.iterations,
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version()}
     print(f"stem probe: part {args.part}, {args.pad_channels} input channels, conv {args.conv}"
-          f"{f' ({args.s2d_channels} channels)' if args.conv == 'space-to-depth' else ''}, max pool {args.maxpool}, "
+          f"{f' ({args.s2d_channels} channels)' if args.s2d_channels else ''}, max pool {args.maxpool}, "
           f"{args.precision}, "
           f"compile {args.compile}, "
           f"benchmark_limit {result['benchmark_limit']}: median {median:.3f} ms (MAD {mad:.3f}, min {min(times):.3f})")
