@@ -990,12 +990,16 @@ def print_environment(result, config):
           f"{config['global_batch_size']}) | {config['image_size']} px | precision {config['precision']} "
           f"(asked {config['precision_requested']}) | {config['memory_format']} | compile {config['compile_mode']} | "
           f"warm-up {config['warmup_steps']} + {config['steps']} timed steps", flush=True)
-    stem = [text for key, text in (("stem_conv", "conv1 as space to depth"), ("max_pool_backward", "dense max-pool "
-            "backward")) if config.get(key, "torchvision") != "torchvision"]
-    eager_note = ("; these are for compiled steps (eager, the dense max-pool backward made the stem 2.3x slower on "
-                  "an H200)") if config.get("max_pool_backward") == "dense" and not config["compile"] else ""
-    if stem:
-        print(f"   stem computed another way (same model): {', '.join(stem)}{eager_note}", flush=True)
+    forms = [text for key, text in (("stem_conv", "conv1 as space to depth"),
+                                    ("max_pool_backward", "dense max-pool backward"),
+                                    ("batch_norm", "batch-norm statistics from sums"))
+             if config.get(key, "torchvision") != "torchvision"]
+    eager = [text for key, value, text in (("max_pool_backward", "dense", "the dense max-pool backward made the "
+                                            "stem 2.3x slower"),) if config.get(key) == value]
+    eager_note = f"; these are for compiled steps (eager, {eager[0]} on an H200)" if eager and \
+        not config["compile"] else ""
+    if forms:
+        print(f"   computed another way (same model): {', '.join(forms)}{eager_note}", flush=True)
 
 
 def print_summary_table(result):
@@ -1354,6 +1358,75 @@ class DenseMaxPool(torch.nn.Module):
         return DenseMaxPoolFunction.apply(images)
 
 
+class SumsBatchNormFunction(torch.autograd.Function):
+    """Training-mode batch norm of an (N, C, H, W) tensor whose statistics come from per-channel sums of
+    d = x - shift and of d * d in one pass (shift: the running mean, so that the subtraction below loses little
+    when the mean is large against the spread), instead of Welford's update with a division per element, which
+    Inductor generates for PyTorch's batch norm. The backward is PyTorch's formula. Returns the output, the
+    batch mean and the biased batch variance."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, shift, eps):
+        accumulate = torch.float64 if x.dtype == torch.float64 else torch.float32
+        count = x.numel() // x.shape[1]
+        d = x.to(accumulate) - shift.to(accumulate).view(1, -1, 1, 1)
+        mean_d = d.sum((0, 2, 3)) / count
+        var = ((d * d).sum((0, 2, 3)) / count - mean_d * mean_d).clamp_min(0)
+        mean = mean_d + shift.to(accumulate)
+        rstd = torch.rsqrt(var + eps)
+        scale = rstd * weight.to(accumulate)
+        out = (x.to(accumulate) - mean.view(1, -1, 1, 1)) * scale.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.mark_non_differentiable(mean, var)
+        return out.to(x.dtype), mean, var
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_mean, grad_var):
+        x, weight, mean, rstd = ctx.saved_tensors
+        accumulate, count = rstd.dtype, x.numel() // x.shape[1]
+        g = grad_out.to(accumulate)
+        x_hat = (x.to(accumulate) - mean.view(1, -1, 1, 1)) * rstd.view(1, -1, 1, 1)
+        grad_bias, grad_weight = g.sum((0, 2, 3)), (g * x_hat).sum((0, 2, 3))
+        grad_x = (g - (grad_bias / count).view(1, -1, 1, 1) - x_hat * (grad_weight / count).view(1, -1, 1, 1)) \
+            * (rstd * weight.to(accumulate)).view(1, -1, 1, 1)
+        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), grad_bias.to(weight.dtype), None, None
+
+
+class SumsBatchNorm2d(torch.nn.BatchNorm2d):
+    """torch.nn.BatchNorm2d whose training forward is SumsBatchNormFunction; evaluation is PyTorch's."""
+
+    @classmethod
+    def replacing(cls, norm):
+        """The same module object (its own parameters and buffers, under the same names), with this forward."""
+        if type(norm) is not torch.nn.BatchNorm2d or not (norm.affine and norm.track_running_stats) \
+                or norm.momentum is None:
+            raise ValueError("sums batch norm replaces BatchNorm2d with affine parameters, running statistics "
+                             "and a momentum (ResNet's)")
+        norm.__class__ = cls  # the same object: nothing copied, nothing renamed
+        return norm
+
+    def forward(self, x):
+        if not self.training:
+            return super().forward(x)
+        out, mean, var = SumsBatchNormFunction.apply(x, self.weight, self.bias, self.running_mean, self.eps)
+        count = x.numel() // x.shape[1]
+        with torch.no_grad():  # PyTorch's update: the unbiased variance, momentum-weighted
+            self.running_mean.lerp_(mean.to(self.running_mean.dtype), self.momentum)
+            self.running_var.lerp_((var * count / max(count - 1, 1)).to(self.running_var.dtype), self.momentum)
+            self.num_batches_tracked.add_(1)
+        return out
+
+
+def replace_batch_norms(module):
+    """Every BatchNorm2d below `module` replaced by SumsBatchNorm2d, in place."""
+    for name, child in module.named_children():
+        if type(child) is torch.nn.BatchNorm2d:
+            setattr(module, name, SumsBatchNorm2d.replacing(child))
+        else:
+            replace_batch_norms(child)
+    return module
+
+
 def add_stem_arguments(parser):
     parser.add_argument("--space-to-depth-stem", action="store_true",
                         help="compute ResNet's first convolution (7x7, stride 2, on 3 channels) as the equal 4x4 "
@@ -1366,12 +1439,19 @@ def add_stem_arguments(parser):
                              "PyTorch's gather through the indices: the same gradient, ties included. For compiled "
                              "steps, where Inductor fuses it into one kernel; eager, its passes run one by one and "
                              "the stem is 2.3x slower")
+    parser.add_argument("--sums-batch-norm", action="store_true",
+                        help="compute each training batch norm's statistics from per-channel sums of x and x*x "
+                             "(x shifted by the running mean) in one pass, instead of the Welford update, a division "
+                             "per element, that Inductor generates for PyTorch's batch norm: the same statistics up "
+                             "to rounding, PyTorch's backward formula, the same parameters and buffers; for compiled "
+                             "steps")
 
 
 def resolve_stem_options(args, config):
-    """How the ResNet stem is computed (mathematically the same model either way)."""
+    """How the ResNet stem and its batch norms are computed (mathematically the same model either way)."""
     config.update(stem_conv="space_to_depth" if args.space_to_depth_stem else "torchvision",
-                  max_pool_backward="dense" if args.dense_max_pool_backward else "torchvision")
+                  max_pool_backward="dense" if args.dense_max_pool_backward else "torchvision",
+                  batch_norm="sums" if args.sums_batch_norm else "torchvision")
 
 
 def apply_stem_options(model, config):
@@ -1380,6 +1460,8 @@ def apply_stem_options(model, config):
         model.conv1 = SpaceToDepthConv(model.conv1)
     if config["max_pool_backward"] == "dense":
         model.maxpool = DenseMaxPool()
+    if config["batch_norm"] == "sums":
+        replace_batch_norms(model)
     return model
 
 

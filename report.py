@@ -230,12 +230,13 @@ def effective_options(config, benchmark, world_size, environment=None):
       convolution, where cuDNN autotuned;
     - the DDP comm hook (recorded since --comm-hook): none, DDP's own all-reduce;
     - how the ResNet stem was computed (recorded since --space-to-depth-stem and --dense-max-pool-backward, in the
-      native script and the Lightning twin): as torchvision's modules."""
+      native script and the Lightning twin) and its batch norms (since --sums-batch-norm): as torchvision's modules."""
     config, environment = dict(config), environment or {}
     config.setdefault("comm_hook", "none")
     if benchmark in (NATIVE, LIGHTNING):
         config.setdefault("stem_conv", "torchvision")
         config.setdefault("max_pool_backward", "torchvision")
+        config.setdefault("batch_norm", "torchvision")
     if (config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config
             and benchmark in (NATIVE, LIGHTNING)):
         config["compiled_ddp"] = "ddp_optimizer"

@@ -290,7 +290,7 @@ def test_the_stem_options_reach_both_twins_which_train_alike(tmp_path, native_tw
         output = tmp_path / f"{script.parent.name}-stem.json"
         proc = run_script(script, [*SMALL, *fast, "--output", str(output), *extra], nproc=1 if extra else 2)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "stem computed another way (same model): conv1 as space to depth, dense max-pool backward; these " \
+        assert "computed another way (same model): conv1 as space to depth, dense max-pool backward; these " \
                "are for compiled steps" in proc.stdout  # rank 0 says so, as eager is where they do not pay
         results[script] = result = read_result(output)
         assert (result["config"]["stem_conv"], result["config"]["max_pool_backward"]) == ("space_to_depth", "dense")

@@ -12,7 +12,7 @@
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
-# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16d; the thirteenth's s17a and on.
+# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16d; the thirteenth's s17a to s17d; the fourteenth's s18a and on.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -725,6 +725,24 @@ section_s17c() {  # session 13, call 3 (issue 7): can cuDNN run the space-to-dep
   wait "$first" $!
   pair "$n-fp16ls-256-s2d-gpu0 60 ddp_resnet50.py --precision fp16 --loss-scale 1024 --space-to-depth-stem ${e[*]}" \
        "$n-fp16ls-256-gpu1-b 60 ddp_resnet50.py --precision fp16 --loss-scale 1024 ${e[*]}"
+  telemetry stop
+}
+
+section_s18a() {  # session 14, call 1 (issue 7), a one-GPU machine: --sums-batch-norm (batch-norm statistics from
+  # sums of x and x*x instead of Inductor's Welford reduction) in the best mode with both stem options, compiled and
+  # tuned into an empty Inductor cache; then the batch-norm probe, PyTorch's batch norm and the sums one, tuned.
+  local n=s18-native-1gpu probe=docs/diagnostics/batchnorm/bn_probe.py form
+  local c=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
+    --steps 200 --space-to-depth-stem --dense-max-pool-backward) d=/tmp/inductor-s18a
+  rm -rf "$d"-*
+  mkdir -p "$OUT_DIR/diag"
+  telemetry start
+  bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-cold-gpu0" 0 300 env TORCHINDUCTOR_CACHE_DIR=$d-1 \
+    "$PY" ddp_resnet50.py "${c[@]}" --sums-batch-norm
+  for form in torchvision sums; do
+    run "s18-bn-probe-$form-fp16-cdt" 0 115 env TORCHINDUCTOR_CACHE_DIR=$d-probe-$form "$PY" "$probe" \
+      --batch-norm "$form" --precision fp16 --coordinate-descent-tuning --json "$OUT_DIR/diag/bn-$form-fp16-cdt.json"
+  done
   telemetry stop
 }
 

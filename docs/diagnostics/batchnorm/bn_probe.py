@@ -1,0 +1,127 @@
+"""What ResNet-50's 53 batch norms cost in a compiled step, with PyTorch's batch norm and with the scripts'
+--sums-batch-norm.
+
+The compiled kernel profile (../stem/1gpu-compile-cdt-rank0.json) shows the forward batch-norm statistics
+kernels (Inductor's Welford reduction over N, H and W of a channels_last tensor) reading their input at about
+2.4 TB/s, where the normalisation kernels that follow read and write at 3.5-4.4 TB/s. This probe times batch
+norm followed by ReLU, forward and backward as in training (channels_last, batch 256, fp16 or bf16 input as
+autocast hands it over, fp32 parameters), compiled, for each of the twelve batch-norm shapes of ResNet-50 at
+224 px, with CUDA events around each iteration after a warm-up, and sums the medians weighted by how many batch
+norms of that shape the model has (53 in all; the model's adds before some ReLUs are left out).
+
+    python docs/diagnostics/batchnorm/bn_probe.py --batch-norm torchvision|sums [--precision fp16|bf16]
+                                                  [--coordinate-descent-tuning] [--json FILE]
+    python docs/diagnostics/batchnorm/bn_probe.py --check   # CPU, float64: sums batch norm is PyTorch's
+
+--batch-norm sums is the harness's SumsBatchNorm2d (imported from ddp_resnet50.py): statistics from one pass of
+per-channel sums of x and x*x (shifted by the running mean) instead of Welford's update.
+"""
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
+import ddp_resnet50 as bench  # noqa: E402  (the harness's batch norm, median and MAD)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import probe_checks  # noqa: E402
+
+# (channels, height = width, how many of ResNet-50's batch norms have this shape at 224 px)
+SHAPES = [(64, 112, 1), (64, 56, 6), (256, 56, 4), (128, 56, 1), (128, 28, 7), (512, 28, 5), (256, 28, 1),
+          (256, 14, 11), (1024, 14, 7), (512, 14, 1), (512, 7, 5), (2048, 7, 4)]
+
+
+def norm_and_relu(channels, form):
+    norm = torch.nn.BatchNorm2d(channels)
+    if form == "sums":
+        norm = bench.SumsBatchNorm2d.replacing(norm)
+    return torch.nn.Sequential(norm, torch.nn.ReLU(inplace=True))
+
+
+def check():
+    """On the CPU in float64, eager and compiled: the sums batch norm's output, input and parameter gradients and
+    running statistics are PyTorch's, both memory layouts, a mean far from zero included."""
+    torch.manual_seed(0)
+    for layout in (torch.contiguous_format, torch.channels_last):
+        for offset in (0.0, 1000.0):
+            x = (torch.randn(4, 6, 5, 7, dtype=torch.float64) * 3 + offset).contiguous(memory_format=layout)
+            grad = torch.randn_like(x)
+            modules = {form: norm_and_relu(6, form).double() for form in ("torchvision", "sums")}
+            modules["sums"].load_state_dict(modules["torchvision"].state_dict())
+            runs = {}
+            for form, module in modules.items():
+                for compiled in (False, True):
+                    inputs = x.clone().requires_grad_(True)
+                    copy = norm_and_relu(6, form).double()
+                    copy.load_state_dict(module.state_dict())
+                    run = torch.compile(copy) if compiled else copy
+                    for _ in range(2):  # the second call sees the updated running statistics
+                        out = run(inputs)
+                    out.backward(grad)
+                    runs[form, compiled] = (out, inputs.grad, copy[0].weight.grad, copy[0].bias.grad,
+                                            copy[0].running_mean, copy[0].running_var)
+            reference = runs["torchvision", False]
+            for key, values in runs.items():
+                for name, want, got in zip(("output", "input gradient", "weight gradient", "bias gradient",
+                                            "running mean", "running variance"), reference, values):
+                    if not torch.allclose(want, got, rtol=1e-9, atol=1e-9 * max(1.0, offset)):
+                        raise SystemExit(f"check failed: {name} of {key} differs by {(want - got).abs().max()}")
+    print("check: the sums batch norm gives PyTorch's output, gradients and running statistics (float64, eager "
+          "and compiled, both layouts)")
+
+
+def main():
+    parser = bench.OneLineArgumentParser(description=__doc__.splitlines()[0])  # bad input: one line, exit 2
+    parser.add_argument("--batch-norm", choices=["torchvision", "sums"], default="torchvision")
+    parser.add_argument("--precision", choices=["bf16", "fp16"], default="fp16")
+    parser.add_argument("--coordinate-descent-tuning", action="store_true")
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--batch", type=bench.positive_int, default=256)
+    parser.add_argument("--iterations", type=bench.positive_int, default=50)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    probe_checks.check_json_path(args.json)
+    if args.check:
+        check()
+        return
+    if not torch.cuda.is_available():
+        raise bench.UsageError("times batch norms on a CUDA GPU and none is visible (--check runs on the CPU)")
+    if args.coordinate_descent_tuning:
+        torch._inductor.config.coordinate_descent_tuning = True
+    device, dtype = torch.device("cuda"), {"bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
+    torch.manual_seed(0)
+    shapes, total_ms = [], 0.0
+    for channels, size, count in SHAPES:
+        module = torch.compile(norm_and_relu(channels, args.batch_norm).to(device))
+        with probe_checks.fits_in_memory(f"--batch {args.batch}"):
+            x = torch.randn(args.batch, channels, size, size, device=device, dtype=dtype).contiguous(
+                memory_format=torch.channels_last).requires_grad_(True)
+            grad = torch.randn_like(x)
+            for _ in range(5):
+                module(x).backward(grad)
+        torch.cuda.synchronize()
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(args.iterations + 1)]
+        events[0].record()
+        for index in range(args.iterations):
+            module(x).backward(grad)
+            events[index + 1].record()
+        torch.cuda.synchronize()
+        stats = bench.summarize([events[i].elapsed_time(events[i + 1]) for i in range(args.iterations)])
+        total_ms += count * stats["median"]
+        shapes.append({"channels": channels, "size": size, "count": count, "median_ms": stats["median"],
+                       "mad_ms": stats["mad"], "min_ms": stats["min"]})
+        print(f"  {channels:5d} x {size:3d} x {size:3d} (x{count:2d}): median {stats['median']:.4f} ms "
+              f"(MAD {stats['mad']:.4f})", flush=True)
+    result = {"batch_norm": args.batch_norm, "precision": args.precision, "batch": args.batch,
+              "coordinate_descent_tuning": args.coordinate_descent_tuning, "iterations": args.iterations,
+              "weighted_ms_per_step": total_ms, "shapes": shapes, "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__}
+    print(f"batch-norm probe: {args.batch_norm}, {args.precision}, coordinate descent "
+          f"{args.coordinate_descent_tuning}: the 53 batch norms + ReLU, forward and backward, {total_ms:.3f} ms")
+    if args.json:
+        bench.write_json_atomically(args.json, result)
+
+
+if __name__ == "__main__":
+    bench.run_guarded(main)
