@@ -728,6 +728,36 @@ section_s17c() {  # session 13, call 3 (issue 7): can cuDNN run the space-to-dep
   telemetry stop
 }
 
+section_s18b() {  # session 14, call 2 (issue 7), a one-GPU machine: s18a's best-mode run with --sums-batch-norm again,
+  # with a longer limit (its cold compilation and tuning passed s18a's 300 s); then eager fp16 with the option.
+  local n=s18-native-1gpu
+  local c=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
+    --steps 200 --space-to-depth-stem --dense-max-pool-backward) d=/tmp/inductor-s18b
+  rm -rf "$d"-*
+  telemetry start
+  bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-cold-gpu0" 0 470 env TORCHINDUCTOR_CACHE_DIR=$d-1 \
+    "$PY" ddp_resnet50.py "${c[@]}" --sums-batch-norm
+  bench "$n-fp16ls-256-sums-gpu0" 0 60 "$PY" ddp_resnet50.py --precision fp16 --loss-scale 1024 --sums-batch-norm \
+    --warmup-steps 10 --steps 200
+  telemetry stop
+}
+
+section_s18c() {  # session 14, call 3 (issue 7), a one-GPU machine: what --sums-batch-norm gives without the tuning (a
+  # shorter compilation): fp16 --loss-scale 1024 compiled and captured with both stem options, with the option, without,
+  # with again, one after the other on GPU 0, each into its own empty Inductor cache; then eager fp16 without it.
+  local n=s18-native-1gpu c=(--precision fp16 --loss-scale 1024 --compile --cuda-graphs --warmup-steps 20 --steps 200
+    --space-to-depth-stem --dense-max-pool-backward) d=/tmp/inductor-s18c
+  rm -rf "$d"-*
+  telemetry start
+  bench "$n-fp16ls-256-compile-graphs-fast-sums-cold-gpu0" 0 150 env TORCHINDUCTOR_CACHE_DIR=$d-1 \
+    "$PY" ddp_resnet50.py "${c[@]}" --sums-batch-norm
+  bench "$n-fp16ls-256-compile-graphs-fast-cold-gpu0" 0 150 env TORCHINDUCTOR_CACHE_DIR=$d-2 "$PY" ddp_resnet50.py "${c[@]}"
+  bench "$n-fp16ls-256-compile-graphs-fast-sums-cold-gpu0-b" 0 150 env TORCHINDUCTOR_CACHE_DIR=$d-3 \
+    "$PY" ddp_resnet50.py "${c[@]}" --sums-batch-norm
+  bench "$n-fp16ls-256-gpu0" 0 60 "$PY" ddp_resnet50.py --precision fp16 --loss-scale 1024 --warmup-steps 10 --steps 200
+  telemetry stop
+}
+
 section_s18a() {  # session 14, call 1 (issue 7), a one-GPU machine: --sums-batch-norm (batch-norm statistics from
   # sums of x and x*x instead of Inductor's Welford reduction) in the best mode with both stem options, compiled and
   # tuned into an empty Inductor cache; then the batch-norm probe, PyTorch's batch norm and the sums one, tuned.
