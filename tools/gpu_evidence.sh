@@ -742,33 +742,15 @@ section_s18b() {  # session 14, call 2 (issue 7), a one-GPU machine: s18a's best
   telemetry stop
 }
 
-section_s18c() {  # session 14, call 3 (issue 7), a one-GPU machine: s18b's best-mode run with --sums-batch-norm once more
-  # (into a new empty cache), then the option's gain without the tuning (a shorter compilation): fp16 --loss-scale 1024
-  # compiled and captured with both stem options, without the option, then with it, one after the other on GPU 0.
-  local n=s18-native-1gpu d=/tmp/inductor-s18c
+section_s18d() {  # session 14, call 4 (issue 7), a one-GPU machine: s18b's best-mode run with --sums-batch-norm once more
+  # (into a new empty cache): the same configuration twice before the figure is believed.
+  local n=s18-native-1gpu d=/tmp/inductor-s18d
   local c=(--precision fp16 --loss-scale 1024 --compile --cuda-graphs --warmup-steps 20 --steps 200
     --space-to-depth-stem --dense-max-pool-backward)
   rm -rf "$d"-*
   telemetry start
   bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-cold-gpu0-b" 0 320 env TORCHINDUCTOR_CACHE_DIR=$d-1 \
     "$PY" ddp_resnet50.py "${c[@]}" --coordinate-descent-tuning --sums-batch-norm
-  bench "$n-fp16ls-256-compile-graphs-fast-cold-gpu0" 0 115 env TORCHINDUCTOR_CACHE_DIR=$d-2 "$PY" ddp_resnet50.py "${c[@]}"
-  bench "$n-fp16ls-256-compile-graphs-fast-sums-cold-gpu0" 0 115 env TORCHINDUCTOR_CACHE_DIR=$d-3 \
-    "$PY" ddp_resnet50.py "${c[@]}" --sums-batch-norm
-  telemetry stop
-}
-
-section_s18b() {  # session 14, call 2 (issue 7), a one-GPU machine: s18a's best-mode run with --sums-batch-norm again,
-  # with a longer limit (its cold compilation and tuning passed s18a's 300 s); then eager fp16 with the option.
-  local n=s18-native-1gpu
-  local c=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
-    --steps 200 --space-to-depth-stem --dense-max-pool-backward) d=/tmp/inductor-s18b
-  rm -rf "$d"-*
-  telemetry start
-  bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-cold-gpu0" 0 470 env TORCHINDUCTOR_CACHE_DIR=$d-1 \
-    "$PY" ddp_resnet50.py "${c[@]}" --sums-batch-norm
-  bench "$n-fp16ls-256-sums-gpu0" 0 60 "$PY" ddp_resnet50.py --precision fp16 --loss-scale 1024 --sums-batch-norm \
-    --warmup-steps 10 --steps 200
   telemetry stop
 }
 
