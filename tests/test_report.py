@@ -472,17 +472,19 @@ def test_cudnn_benchmark_limit_is_pytorchs_default_where_a_result_recorded_none(
                                     1)["cudnn_benchmark_limit"] == 0
 
 
-def test_stem_is_torchvisions_where_a_result_recorded_none(report):
-    """Results from before the stem options computed torchvision's stem, so they pair with newer results that
-    record it; the sharding benchmark has no stem options and gets none."""
+def test_stem_and_batch_norm_are_torchvisions_where_a_result_recorded_none(report):
+    """Results from before the computation options computed torchvision's stem and batch norms, so they pair with
+    newer results that record them; the sharding benchmark has no such options and gets none."""
     for benchmark in (report.NATIVE, report.LIGHTNING):
         options = report.effective_options({}, benchmark, 1)
-        assert (options["stem_conv"], options["max_pool_backward"]) == ("torchvision", "torchvision")
-    recorded = {"stem_conv": "space_to_depth", "max_pool_backward": "dense"}
+        assert (options["stem_conv"], options["max_pool_backward"], options["batch_norm"]) == \
+            ("torchvision", "torchvision", "torchvision")
+    recorded = {"stem_conv": "space_to_depth", "max_pool_backward": "dense", "batch_norm": "sums"}
     assert report.effective_options(recorded, report.NATIVE, 1) == {**recorded, "comm_hook": "none",
                                                                     "coordinate_descent_tuning": False,
                                                                     "cudnn_benchmark_limit": None}
     assert "stem_conv" not in report.effective_options({}, report.OSS, 2)
+    assert "batch_norm" not in report.effective_options({}, report.OSS, 2)
 
 
 def test_long_setup_titles_keep_distinct_plot_names(report):

@@ -170,17 +170,20 @@ def test_coordinate_descent_tuning_reaches_inductor_and_what_runs_is_recorded(na
 
 def test_compile_runs_end_to_end(tmp_path):
     """torch.compile on the CPU (Inductor's C++ backend): slow to compile, so two images and one timed step, with
-    the stem options, which are written for compiled steps (the rest of the compiled path is the same without)."""
+    the computation options, which are written for compiled steps (the rest of the compiled path is the same
+    without)."""
     output = tmp_path / "compiled.json"
     proc = run_script(NATIVE, [*SMALL, "--batch-size-per-device", "2", "--warmup-steps", "1", "--steps", "1",
                                "--compile-mode", "default", "--coordinate-descent-tuning", "--space-to-depth-stem",
-                               "--dense-max-pool-backward", "--output", str(output)],
+                               "--dense-max-pool-backward", "--sums-batch-norm", "--output", str(output)],
                       timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = read_result(output)
     assert result["config"]["compile"] is True and result["config"]["compile_mode"] == "default"
-    # the stem options are written for compiled steps: Dynamo and Inductor take them (autograd.Function included)
-    assert (result["config"]["stem_conv"], result["config"]["max_pool_backward"]) == ("space_to_depth", "dense")
+    # the computation options are written for compiled steps: Dynamo and Inductor take them (autograd.Function
+    # included, and the sums batch norm's in-place running statistics)
+    assert (result["config"]["stem_conv"], result["config"]["max_pool_backward"],
+            result["config"]["batch_norm"]) == ("space_to_depth", "dense", "sums")
     assert result["config"]["coordinate_descent_tuning"] is True  # a no-op for the CPU's C++ kernels
     assert result["status"] == "ok" and result["checks"]["loss_finite"]
 
@@ -254,10 +257,11 @@ def test_the_stem_probes_max_pools_give_the_modules_gradient():
 
 @pytest.mark.parametrize("size", [32, 33])
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_the_stem_options_compute_the_same_model(native, size, layout):
-    """--space-to-depth-stem and --dense-max-pool-backward change how the stem is computed, not the model: the
-    same parameters under the same names, and in float64 the same output and the same gradient of every
-    parameter as torchvision's ResNet-50 (to rounding, which batch norm over 4 images magnifies to ~1e-10)."""
+def test_the_computation_options_compute_the_same_model(native, size, layout):
+    """--space-to-depth-stem, --dense-max-pool-backward and --sums-batch-norm change how the model is computed, not
+    the model: the same parameters and buffers under the same names, and in float64 the same output, the same
+    gradient of every parameter and the same running statistics as torchvision's ResNet-50 (to rounding, which
+    batch norm over 4 images magnifies to ~1e-10)."""
     import copy
 
     import torch
@@ -266,43 +270,80 @@ def test_the_stem_options_compute_the_same_model(native, size, layout):
     reference = native.build_model().double().to(memory_format=memory_format)
     images = torch.randn(4, 3, size, size, dtype=torch.float64).contiguous(memory_format=memory_format)
     labels = torch.randint(0, 1000, (4,))
-    for stem_conv, max_pool_backward in (("space_to_depth", "torchvision"), ("torchvision", "dense"),
-                                         ("space_to_depth", "dense")):
-        config = {"stem_conv": stem_conv, "max_pool_backward": max_pool_backward}
-        model = native.apply_stem_options(copy.deepcopy(reference), config)
+    for stem_conv, max_pool_backward, batch_norm in (("space_to_depth", "torchvision", "torchvision"),
+                                                     ("torchvision", "dense", "torchvision"),
+                                                     ("torchvision", "torchvision", "sums"),
+                                                     ("space_to_depth", "dense", "sums")):
+        config = {"stem_conv": stem_conv, "max_pool_backward": max_pool_backward, "batch_norm": batch_norm}
+        baseline = copy.deepcopy(reference)
+        model = native.apply_computation_options(copy.deepcopy(reference), config)
         assert [name for name, _ in model.named_parameters()] == [name for name, _ in reference.named_parameters()]
         assert model.state_dict().keys() == reference.state_dict().keys()
-        outputs = [net(images) for net in (reference, model)]
+        outputs = [net(images) for net in (baseline, model)]
         assert torch.allclose(outputs[0], outputs[1], rtol=1e-9, atol=1e-9), config
         grads = [torch.autograd.grad(torch.nn.functional.cross_entropy(out, labels), list(net.parameters()))
-                 for out, net in zip(outputs, (reference, model))]
+                 for out, net in zip(outputs, (baseline, model))]
         worst = max(((a - b).abs().max() / a.abs().max().clamp_min(1e-30)).item() for a, b in zip(*grads))
         assert worst < 1e-8, (config, worst)
+        for name, buffer in baseline.named_buffers():  # the running statistics and the batch counts
+            assert torch.allclose(buffer, model.get_buffer(name), rtol=1e-9, atol=1e-12), (config, name)
 
 
-def test_the_stem_options_reach_both_twins_which_train_alike(tmp_path, native_two_rank):
-    """Both twins with both stem options (eager, 2 gloo processes): recorded, parameters in sync, the same loss
-    at every step and the same weights as each other; before any update the loss is torchvision's stem's (to
-    float32 rounding: the convolution sums its 147 products in another order)."""
-    fast = ["--space-to-depth-stem", "--dense-max-pool-backward"]
+def test_the_computation_options_reach_both_twins_which_train_alike(tmp_path, native_two_rank):
+    """Both twins with the three computation options (eager, 2 gloo processes): recorded, parameters in sync, the
+    same loss at every step and the same weights as each other; before any update the loss is torchvision's
+    model's (to float32 rounding: the convolution sums its 147 products in another order, batch norm its
+    statistics)."""
+    fast = ["--space-to-depth-stem", "--dense-max-pool-backward", "--sums-batch-norm"]
     results = {}
     for script, extra in ((NATIVE, []), (LIGHTNING, ["--devices", "2"])):
         output = tmp_path / f"{script.parent.name}-stem.json"
         proc = run_script(script, [*SMALL, *fast, "--output", str(output), *extra], nproc=1 if extra else 2)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "computed another way (same model): conv1 as space to depth, dense max-pool backward; these " \
-               "are for compiled steps" in proc.stdout  # rank 0 says so, as eager is where they do not pay
+        assert "computed another way (same model): conv1 as space to depth, dense max-pool backward, batch-norm " \
+               "statistics from sums; these are for compiled steps (eager, on an H200, the dense max-pool " \
+               "backward made the stem 2.3x slower and the sums batch norm made the step 4.6x slower)" \
+               in proc.stdout  # rank 0 says so, as eager is where they do not pay
         results[script] = result = read_result(output)
-        assert (result["config"]["stem_conv"], result["config"]["max_pool_backward"]) == ("space_to_depth", "dense")
+        assert (result["config"]["stem_conv"], result["config"]["max_pool_backward"],
+                result["config"]["batch_norm"]) == ("space_to_depth", "dense", "sums")
         assert result["checks"]["parameters_synchronized"] is True
     native, lightning = results[NATIVE], results[LIGHTNING]
     assert lightning["loss_per_step"] == pytest.approx(native["loss_per_step"], rel=1e-5, abs=1e-6)
     assert lightning["checks"]["final_parameter_checksum"] == pytest.approx(
         native["checks"]["final_parameter_checksum"], rel=1e-6)
     _, torchvision_stem = native_two_rank  # the same command without the options
-    assert torchvision_stem["config"]["stem_conv"] == "torchvision"
+    assert (torchvision_stem["config"]["stem_conv"], torchvision_stem["config"]["batch_norm"]) == \
+        ("torchvision", "torchvision")
     assert native["loss_per_step"][0] == pytest.approx(torchvision_stem["loss_per_step"][0], rel=1e-4)
     assert native["efficiency"]["model_flops_per_image"] == torchvision_stem["efficiency"]["model_flops_per_image"]
+
+
+def test_the_batch_norm_probes_sums_batch_norm_is_pytorchs():
+    """docs/diagnostics/batchnorm/README.md times the scripts' sums batch norm against PyTorch's; its claim that
+    both compute the same thing (output, gradients, running statistics; eager and compiled; a mean of 1000
+    against a spread of 3, where the sums would lose digits without their shift) is checked here, on the CPU in
+    float64."""
+    from conftest import ROOT, load_script
+    probe = load_script(ROOT / "docs" / "diagnostics" / "batchnorm" / "bn_probe.py", "bn_probe_under_test")
+    probe.check()  # raises SystemExit on any difference
+    import torch
+    for other in (torch.nn.BatchNorm2d(4, affine=False), torch.nn.BatchNorm2d(4, momentum=None),
+                  torch.nn.SyncBatchNorm(4)):  # a form it was not written for is refused, not half-computed
+        with pytest.raises(ValueError, match="replaces BatchNorm2d with affine parameters"):
+            probe.bench.SumsBatchNorm2d.replacing(other)
+
+
+@pytest.mark.parametrize("argv,rule", [(["--batch", "0"], "argument --batch: must be a positive integer"),
+                                       (["--iterations", "-3"], "argument --iterations: must be a positive integer"),
+                                       (["--batch-norm", "welford"], "argument --batch-norm: invalid choice")])
+def test_the_batch_norm_probe_refuses_bad_input_in_one_line(argv, rule, tmp_path):
+    from conftest import ROOT
+    output = tmp_path / "bn.json"
+    proc = run_script(ROOT / "docs" / "diagnostics" / "batchnorm" / "bn_probe.py", [*argv, "--json", str(output)])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and rule in lines[0], proc.stderr
+    assert not output.exists()
 
 
 @pytest.mark.parametrize("argv,rule", [(["--batch", "0"], "argument --batch: must be a positive integer"),
@@ -351,7 +392,8 @@ def test_the_tail_probe_refuses_bad_input_in_one_line(argv, rule, tmp_path):
     assert not output.exists()
 
 
-@pytest.mark.parametrize("probe", [("stem", "stem_probe.py"), ("compiled-scaling", "tail_probe.py"),
+@pytest.mark.parametrize("probe", [("stem", "stem_probe.py"), ("batchnorm", "bn_probe.py"),
+                                   ("compiled-scaling", "tail_probe.py"),
                                    ("compiled-scaling", "link_load.py", "--mode", "idle")])
 def test_the_probes_refuse_an_unwritable_json_before_measuring(probe, tmp_path):
     from conftest import ROOT
