@@ -334,29 +334,19 @@ def test_the_batch_norm_probes_sums_batch_norm_is_pytorchs():
             probe.bench.SumsBatchNorm2d.replacing(other)
 
 
-@pytest.mark.parametrize("argv,rule", [(["--batch", "0"], "argument --batch: must be a positive integer"),
-                                       (["--iterations", "-3"], "argument --iterations: must be a positive integer"),
-                                       (["--batch-norm", "welford"], "argument --batch-norm: invalid choice")])
-def test_the_batch_norm_probe_refuses_bad_input_in_one_line(argv, rule, tmp_path):
+@pytest.mark.parametrize("probe,argv,rule", [
+    *[(probe, ["--batch", "0"], "argument --batch: must be a positive integer") for probe in ("stem", "batchnorm")],
+    *[(probe, ["--iterations", "-3"], "argument --iterations: must be a positive integer")
+      for probe in ("stem", "batchnorm")],
+    ("stem", ["--benchmark-limit", "-1"], "argument --benchmark-limit: must be zero or a positive integer"),
+    ("stem", ["--s2d-channels", "12"], "--s2d-channels needs --conv space-to-depth"),
+    ("stem", ["--conv", "space-to-depth", "--pad-channels", "8"], "--conv space-to-depth takes the 3-channel image"),
+    ("batchnorm", ["--batch-norm", "welford"], "argument --batch-norm: invalid choice")])
+def test_the_stem_and_batch_norm_probes_refuse_bad_input_in_one_line(probe, argv, rule, tmp_path):
     from conftest import ROOT
-    output = tmp_path / "bn.json"
-    proc = run_script(ROOT / "docs" / "diagnostics" / "batchnorm" / "bn_probe.py", [*argv, "--json", str(output)])
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and rule in lines[0], proc.stderr
-    assert not output.exists()
-
-
-@pytest.mark.parametrize("argv,rule", [(["--batch", "0"], "argument --batch: must be a positive integer"),
-                                       (["--iterations", "-3"], "argument --iterations: must be a positive integer"),
-                                       (["--benchmark-limit", "-1"],
-                                        "argument --benchmark-limit: must be zero or a positive integer"),
-                                       (["--s2d-channels", "12"], "--s2d-channels needs --conv space-to-depth"),
-                                       (["--conv", "space-to-depth", "--pad-channels", "8"],
-                                        "--conv space-to-depth takes the 3-channel image")])
-def test_the_stem_probe_refuses_bad_input_in_one_line(argv, rule, tmp_path):
-    from conftest import ROOT
-    output = tmp_path / "stem.json"
-    proc = run_script(ROOT / "docs" / "diagnostics" / "stem" / "stem_probe.py", [*argv, "--json", str(output)])
+    script = {"stem": "stem_probe.py", "batchnorm": "bn_probe.py"}[probe]
+    output = tmp_path / "probe.json"
+    proc = run_script(ROOT / "docs" / "diagnostics" / probe / script, [*argv, "--json", str(output)])
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and rule in lines[0], proc.stderr
     assert not output.exists()

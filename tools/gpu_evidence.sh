@@ -36,6 +36,12 @@ rm -f "$OUT_DIR/failed.txt"
 PY=${PYTHON:-python3}
 TWO=("$PY" -m torch.distributed.run --standalone --nproc-per-node 2)
 STEPS=(--warmup-steps 10 --steps 100)
+# Issue 7's fastest mode since the thirteenth session (fp16, a fixed loss scale, both stem options), compiled and
+# captured, with Inductor's coordinate-descent tuning (TUNED) and without it (UNTUNED)
+FAST=(--precision fp16 --loss-scale 1024 --compile --cuda-graphs --warmup-steps 20 --steps 200
+  --space-to-depth-stem --dense-max-pool-backward)
+TUNED=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
+  --steps 200 --space-to-depth-stem --dense-max-pool-backward)
 
 run() {  # run NAME GPUS LIMIT_S COMMAND... : one command, its line in commands.txt, its log with exit code and time
   local name=$1 gpus=$2 limit=$3
@@ -706,8 +712,7 @@ section_s17c() {  # session 13, call 3 (issue 7): can cuDNN run the space-to-dep
   # both limits on GPU 1, while GPU 0 runs the best mode with both stem options and the limit 0; then the same
   # without the limit on GPU 1, side by side with nothing. Last the eager pair that s17b's time cut.
   local n=s17-native-1gpu stem=docs/diagnostics/stem/stem_probe.py e=(--warmup-steps 10 --steps 200) first v ch lim
-  local c=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
-    --steps 200 --space-to-depth-stem --dense-max-pool-backward) d=/tmp/inductor-s17c
+  local c=("${TUNED[@]}") d=/tmp/inductor-s17c
   rm -rf "$d"-*
   mkdir -p "$OUT_DIR/diag"
   telemetry start
@@ -731,8 +736,7 @@ section_s17c() {  # session 13, call 3 (issue 7): can cuDNN run the space-to-dep
 section_s18b() {  # session 14, call 2 (issue 7), a one-GPU machine: s18a's best-mode run with --sums-batch-norm again,
   # with a longer limit (its cold compilation and tuning passed s18a's 300 s); then eager fp16 with the option.
   local n=s18-native-1gpu
-  local c=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
-    --steps 200 --space-to-depth-stem --dense-max-pool-backward) d=/tmp/inductor-s18b
+  local c=("${TUNED[@]}") d=/tmp/inductor-s18b
   rm -rf "$d"-*
   telemetry start
   bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-cold-gpu0" 0 470 env TORCHINDUCTOR_CACHE_DIR=$d-1 \
@@ -745,8 +749,7 @@ section_s18b() {  # session 14, call 2 (issue 7), a one-GPU machine: s18a's best
 section_s18d() {  # session 14, call 4 (issue 7), a one-GPU machine: s18b's best-mode run with --sums-batch-norm once more
   # (into a new empty cache): the same configuration twice before the figure is believed.
   local n=s18-native-1gpu d=/tmp/inductor-s18d
-  local c=(--precision fp16 --loss-scale 1024 --compile --cuda-graphs --warmup-steps 20 --steps 200
-    --space-to-depth-stem --dense-max-pool-backward)
+  local c=("${FAST[@]}")
   rm -rf "$d"-*
   telemetry start
   bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-cold-gpu0-b" 0 320 env TORCHINDUCTOR_CACHE_DIR=$d-1 \
@@ -774,8 +777,7 @@ section_s18a() {  # session 14, call 1 (issue 7), a one-GPU machine: --sums-batc
   # sums of x and x*x instead of Inductor's Welford reduction) in the best mode with both stem options, compiled and
   # tuned into an empty Inductor cache; then the batch-norm probe, PyTorch's batch norm and the sums one, tuned.
   local n=s18-native-1gpu probe=docs/diagnostics/batchnorm/bn_probe.py form
-  local c=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
-    --steps 200 --space-to-depth-stem --dense-max-pool-backward) d=/tmp/inductor-s18a
+  local c=("${TUNED[@]}") d=/tmp/inductor-s18a
   rm -rf "$d"-*
   mkdir -p "$OUT_DIR/diag"
   telemetry start

@@ -21,6 +21,18 @@ def check_json_path(path):
             raise bench.UsageError(str(error).replace("--output", "--json", 1)) from None
 
 
+def ran_cpu_check(args, check, what):
+    """The --json path first; then --check runs `check` on the CPU (True: the probe is done), or else the probe
+    needs a CUDA GPU to time `what` on."""
+    check_json_path(args.json)
+    if args.check:
+        check()
+        return True
+    if not torch.cuda.is_available():
+        raise bench.UsageError(f"times {what} on a CUDA GPU and none is visible (--check runs on the CPU)")
+    return False
+
+
 def check_distributed_launch(args, why):
     """The --json path, then the launch: under torchrun, and on a GPU when --device cuda (`why` says what the
     ranks are for)."""

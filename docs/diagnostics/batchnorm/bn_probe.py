@@ -81,12 +81,8 @@ def main():
     parser.add_argument("--iterations", type=bench.positive_int, default=50)
     parser.add_argument("--json")
     args = parser.parse_args()
-    probe_checks.check_json_path(args.json)
-    if args.check:
-        check()
+    if probe_checks.ran_cpu_check(args, check, "batch norms"):
         return
-    if not torch.cuda.is_available():
-        raise bench.UsageError("times batch norms on a CUDA GPU and none is visible (--check runs on the CPU)")
     if args.coordinate_descent_tuning:
         torch._inductor.config.coordinate_descent_tuning = True
     device, dtype = torch.device("cuda"), {"bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]

@@ -118,12 +118,8 @@ def main():
         raise bench.UsageError("--s2d-channels needs --conv space-to-depth")
     if args.conv == "space-to-depth":
         args.s2d_channels = args.s2d_channels or 16
-    probe_checks.check_json_path(args.json)
-    if args.check:
-        check()
+    if probe_checks.ran_cpu_check(args, check, "the stem"):
         return
-    if not torch.cuda.is_available():
-        raise bench.UsageError("times the stem on a CUDA GPU and none is visible (--check runs on the CPU)")
 
     torch.backends.cudnn.benchmark = True
     if args.benchmark_limit is not None:
