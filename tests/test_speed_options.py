@@ -150,22 +150,25 @@ def test_the_compiled_ddp_mode_that_runs_is_recorded(native, tmp_path):
         torch._dynamo.config.optimize_ddp = optimize_ddp
 
 
-def test_coordinate_descent_tuning_reaches_inductor_and_what_runs_is_recorded(native, tmp_path, monkeypatch):
+def test_coordinate_descent_tuning_reaches_inductor_and_what_runs_is_recorded(native, tmp_path):
     import torch._inductor.config as inductor_config
-    monkeypatch.setattr(inductor_config, "coordinate_descent_tuning", False)
     out = ["--output", str(tmp_path / "r.json")]
 
     def tuned(argv):
         return resolve_config(native, [*argv, *out], count=1, ddp_world_size=1)["coordinate_descent_tuning"]
 
-    assert tuned([]) is False and tuned(["--compile"]) is False
-    # the max-autotune modes turn it on themselves: recorded, without touching the global setting
-    assert tuned(["--compile-mode", "max-autotune-no-cudagraphs"]) is True
+    # Inductor's own patch, not monkeypatch: monkeypatch's undo deletes the setting, and Inductor then hides it
+    # from every later compilation in this process
+    with inductor_config.patch(coordinate_descent_tuning=False):
+        assert tuned([]) is False and tuned(["--compile"]) is False
+        # the max-autotune modes turn it on themselves: recorded, without touching the global setting
+        assert tuned(["--compile-mode", "max-autotune-no-cudagraphs"]) is True
+        assert inductor_config.coordinate_descent_tuning is False
+        assert tuned(["--compile", "--coordinate-descent-tuning"]) is True
+        assert inductor_config.coordinate_descent_tuning is True
+        # set by TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 (or the option earlier): recorded as what runs
+        assert tuned(["--compile"]) is True
     assert inductor_config.coordinate_descent_tuning is False
-    assert tuned(["--compile", "--coordinate-descent-tuning"]) is True
-    assert inductor_config.coordinate_descent_tuning is True
-    # set by TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 (or the option earlier): recorded as what runs
-    assert tuned(["--compile"]) is True
 
 
 def test_compile_runs_end_to_end(tmp_path):
