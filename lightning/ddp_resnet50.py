@@ -1377,14 +1377,12 @@ class SumsBatchNorm2d(torch.nn.BatchNorm2d):
         return out
 
 
-def replace_batch_norms(module):
-    """Every BatchNorm2d below `module` replaced by SumsBatchNorm2d, in place."""
-    for name, child in module.named_children():
-        if type(child) is torch.nn.BatchNorm2d:
-            setattr(module, name, SumsBatchNorm2d.replacing(child))
-        else:
-            replace_batch_norms(child)
-    return module
+def replace_batch_norms(model):
+    """Every BatchNorm2d of `model` turned into a SumsBatchNorm2d, in place."""
+    for module in model.modules():
+        if type(module) is torch.nn.BatchNorm2d:
+            SumsBatchNorm2d.replacing(module)
+    return model
 
 
 def add_computation_arguments(parser):

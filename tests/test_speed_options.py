@@ -271,6 +271,10 @@ def test_the_computation_options_compute_the_same_model(native, size, layout):
     torch.manual_seed(0)
     memory_format = getattr(torch, "channels_last" if layout == "channels_last" else "contiguous_format")
     reference = native.build_model().double().to(memory_format=memory_format)
+    with torch.no_grad():  # not the initial weight 1, bias 0 and statistics 0 / 1, which would hide their misuse
+        for norm in (module for module in reference.modules() if isinstance(module, torch.nn.BatchNorm2d)):
+            norm.weight.uniform_(0.5, 1.5), norm.bias.uniform_(-0.5, 0.5)
+            norm.running_mean.uniform_(-0.5, 0.5), norm.running_var.uniform_(0.5, 2.0)
     images = torch.randn(4, 3, size, size, dtype=torch.float64).contiguous(memory_format=memory_format)
     labels = torch.randint(0, 1000, (4,))
     for stem_conv, max_pool_backward, batch_norm in (("space_to_depth", "torchvision", "torchvision"),
@@ -324,9 +328,9 @@ def test_the_computation_options_reach_both_twins_which_train_alike(tmp_path, na
 
 def test_the_batch_norm_probes_sums_batch_norm_is_pytorchs():
     """docs/diagnostics/batchnorm/README.md times the scripts' sums batch norm against PyTorch's; its claim that
-    both compute the same thing (output, gradients, running statistics; eager and compiled; a mean of 1000
-    against a spread of 3, where the sums would lose digits without their shift) is checked here, on the CPU in
-    float64."""
+    both compute the same thing (output, gradients, running statistics; eager and compiled; random weights, biases
+    and running statistics; in float32 a mean of 1000 against a spread of 3, where the sums lose digits without
+    their shift) is checked here, on the CPU."""
     from conftest import ROOT, load_script
     probe = load_script(ROOT / "docs" / "diagnostics" / "batchnorm" / "bn_probe.py", "bn_probe_under_test")
     probe.check()  # raises SystemExit on any difference
@@ -335,6 +339,19 @@ def test_the_batch_norm_probes_sums_batch_norm_is_pytorchs():
                   torch.nn.SyncBatchNorm(4)):  # a form it was not written for is refused, not half-computed
         with pytest.raises(ValueError, match="replaces BatchNorm2d with affine parameters"):
             probe.bench.SumsBatchNorm2d.replacing(other)
+
+
+def test_the_probes_time_each_iteration_with_the_harness_timer():
+    """stem_probe.py and bn_probe.py time their iterations through probe_checks.time_iterations (the harness's
+    StepTimer and summary); on the CPU it times with the host clock: one time per iteration, each one's own."""
+    import time
+    from conftest import ROOT, load_script
+    import torch
+    checks = load_script(ROOT / "docs" / "diagnostics" / "probe_checks.py", "probe_checks_under_test")
+    calls = []
+    stats = checks.time_iterations(lambda: (calls.append(1), time.sleep(0.01 * len(calls))), 3, torch.device("cpu"))
+    assert len(calls) == stats["count"] == 3
+    assert 10 <= stats["min"] < 20 <= stats["median"] < 30 <= stats["max"] < 200  # 10, 20 and 30 ms of sleep
 
 
 @pytest.mark.parametrize("probe,argv,rule", [

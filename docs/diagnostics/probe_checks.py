@@ -33,6 +33,20 @@ def ran_cpu_check(args, check, what):
     return False
 
 
+def time_iterations(iteration, iterations, device):
+    """`iteration` run `iterations` times, each timed by the harness's StepTimer (CUDA events on a GPU, after a
+    synchronize; the host clock on the CPU): the harness's summary of the times in ms (median, MAD, min, ...)."""
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    synchronize()
+    timer = bench.StepTimer(device, iterations)
+    timer.mark()
+    for _ in range(iterations):
+        iteration()
+        timer.mark()
+    synchronize()
+    return bench.summarize(timer.step_times_ms())
+
+
 def check_distributed_launch(args, why):
     """The --json path, then the launch: under torchrun, and on a GPU when --device cuda (`why` says what the
     ranks are for)."""

@@ -16,6 +16,7 @@ norms of that shape the model has (53 in all; the model's adds before some ReLUs
 --batch-norm sums is the harness's SumsBatchNorm2d (imported from ddp_resnet50.py): statistics from one pass of
 per-channel sums of x and x*x (shifted by the running mean) instead of Welford's update.
 """
+import copy
 import pathlib
 import sys
 
@@ -39,36 +40,59 @@ def norm_and_relu(channels, form):
     return torch.nn.Sequential(norm, torch.nn.ReLU(inplace=True))
 
 
+def randomized(channels, mean):
+    """PyTorch's batch norm + ReLU with its weight, bias and running statistics drawn at random (with the initial
+    weight 1 and bias 0 a mishandled weight or bias would go unseen), the running mean near `mean`."""
+    module = norm_and_relu(channels, "torchvision")
+    with torch.no_grad():
+        module[0].weight.uniform_(0.5, 1.5)
+        module[0].bias.uniform_(-1.0, 1.0)
+        module[0].running_mean.uniform_(-1.0, 1.0).add_(mean)
+        module[0].running_var.uniform_(0.5, 2.0)
+    return module
+
+
+def as_form(module, form):
+    module = copy.deepcopy(module)
+    if form == "sums":
+        bench.SumsBatchNorm2d.replacing(module[0])
+    return module
+
+
 def check():
-    """On the CPU in float64, eager and compiled: the sums batch norm's output, input and parameter gradients and
-    running statistics are PyTorch's, both memory layouts, a mean far from zero included."""
+    """On the CPU: in float64, eager and compiled, both memory layouts, the sums batch norm's output, input and
+    parameter gradients and running statistics are PyTorch's; in float32, with a mean of 1000 against a spread
+    of 3 and the running mean near it, its output is within 1e-4 of PyTorch's computed in float64; unshifted,
+    the sums of x and x * x missed by 7e-2 (the variance loses its digits to the mean's square)."""
     torch.manual_seed(0)
+    names = ("output", "input gradient", "weight gradient", "bias gradient", "running mean", "running variance")
     for layout in (torch.contiguous_format, torch.channels_last):
         for offset in (0.0, 1000.0):
             x = (torch.randn(4, 6, 5, 7, dtype=torch.float64) * 3 + offset).contiguous(memory_format=layout)
             grad = torch.randn_like(x)
-            modules = {form: norm_and_relu(6, form).double() for form in ("torchvision", "sums")}
-            modules["sums"].load_state_dict(modules["torchvision"].state_dict())
+            base = randomized(6, offset).double()
             runs = {}
-            for form, module in modules.items():
+            for form in ("torchvision", "sums"):
                 for compiled in (False, True):
-                    inputs = x.clone().requires_grad_(True)
-                    copy = norm_and_relu(6, form).double()
-                    copy.load_state_dict(module.state_dict())
-                    run = torch.compile(copy) if compiled else copy
+                    module, inputs = as_form(base, form), x.clone().requires_grad_(True)
+                    run = torch.compile(module) if compiled else module
                     for _ in range(2):  # the second call sees the updated running statistics
                         out = run(inputs)
                     out.backward(grad)
-                    runs[form, compiled] = (out, inputs.grad, copy[0].weight.grad, copy[0].bias.grad,
-                                            copy[0].running_mean, copy[0].running_var)
-            reference = runs["torchvision", False]
+                    runs[form, compiled] = (out, inputs.grad, module[0].weight.grad, module[0].bias.grad,
+                                            module[0].running_mean, module[0].running_var)
             for key, values in runs.items():
-                for name, want, got in zip(("output", "input gradient", "weight gradient", "bias gradient",
-                                            "running mean", "running variance"), reference, values):
+                for name, want, got in zip(names, runs["torchvision", False], values):
                     if not torch.allclose(want, got, rtol=1e-9, atol=1e-9 * max(1.0, offset)):
                         raise SystemExit(f"check failed: {name} of {key} differs by {(want - got).abs().max()}")
+    x = torch.randn(4, 6, 5, 7) * 3 + 1000
+    base = randomized(6, 1000.0)
+    want = as_form(base, "torchvision").double()(x.double())
+    difference = (as_form(base, "sums")(x).double() - want).abs().max().item()
+    if difference > 1e-4:
+        raise SystemExit(f"check failed: float32 output differs from float64's by {difference:.1e}")
     print("check: the sums batch norm gives PyTorch's output, gradients and running statistics (float64, eager "
-          "and compiled, both layouts)")
+          f"and compiled, both layouts); float32 at a mean of 1000: {difference:.1e} from float64")
 
 
 def main():
@@ -96,14 +120,7 @@ def main():
             grad = torch.randn_like(x)
             for _ in range(5):
                 module(x).backward(grad)
-        torch.cuda.synchronize()
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(args.iterations + 1)]
-        events[0].record()
-        for index in range(args.iterations):
-            module(x).backward(grad)
-            events[index + 1].record()
-        torch.cuda.synchronize()
-        stats = bench.summarize([events[i].elapsed_time(events[i + 1]) for i in range(args.iterations)])
+        stats = probe_checks.time_iterations(lambda: module(x).backward(grad), args.iterations, device)
         total_ms += count * stats["median"]
         shapes.append({"channels": channels, "size": size, "count": count, "median_ms": stats["median"],
                        "mad_ms": stats["mad"], "min_ms": stats["min"]})

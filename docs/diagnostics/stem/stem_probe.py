@@ -158,28 +158,20 @@ def main():
             memory_format=torch.channels_last)
         for _ in range(10):  # the warm-up reaches the peak memory of the timed iterations
             iteration()
-    torch.cuda.synchronize()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(args.iterations + 1)]
-    events[0].record()
-    for index in range(args.iterations):
-        iteration()
-        events[index + 1].record()
-    torch.cuda.synchronize()
-    times = [events[i].elapsed_time(events[i + 1]) for i in range(args.iterations)]
-    stats = bench.summarize(times)
-    median, mad = stats["median"], stats["mad"]
+    stats = probe_checks.time_iterations(iteration, args.iterations, device)
+    median, mad, fastest = stats["median"], stats["mad"], stats["min"]
     result = {"part": args.part, "pad_channels": args.pad_channels, "compile": args.compile, "maxpool": args.maxpool,
               "conv": args.conv, "s2d_channels": args.s2d_channels,
               "precision": args.precision,
               "benchmark_limit": torch.backends.cudnn.benchmark_limit, "batch": args.batch,
-              "median_ms": median, "mad_ms": mad, "min_ms": min(times), "iterations": args.iterations,
+              "median_ms": median, "mad_ms": mad, "min_ms": fastest, "iterations": args.iterations,
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version()}
     print(f"stem probe: part {args.part}, {args.pad_channels} input channels, conv {args.conv}"
           f"{f' ({args.s2d_channels} channels)' if args.s2d_channels else ''}, max pool {args.maxpool}, "
           f"{args.precision}, "
           f"compile {args.compile}, "
-          f"benchmark_limit {result['benchmark_limit']}: median {median:.3f} ms (MAD {mad:.3f}, min {min(times):.3f})")
+          f"benchmark_limit {result['benchmark_limit']}: median {median:.3f} ms (MAD {mad:.3f}, min {fastest:.3f})")
     if args.json:
         bench.write_json_atomically(args.json, result)
 
