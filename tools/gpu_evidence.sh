@@ -12,7 +12,7 @@
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
-# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16d; the thirteenth's s17a to s17d; the fourteenth's s18a and on.
+# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16d; the thirteenth's s17a to s17d; the fourteenth's s18a to s18d; the fifteenth's s19a and on.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -731,6 +731,51 @@ section_s17c() {  # session 13, call 3 (issue 7): can cuDNN run the space-to-dep
   pair "$n-fp16ls-256-s2d-gpu0 60 ddp_resnet50.py --precision fp16 --loss-scale 1024 --space-to-depth-stem ${e[*]}" \
        "$n-fp16ls-256-gpu1-b 60 ddp_resnet50.py --precision fp16 --loss-scale 1024 ${e[*]}"
   telemetry stop
+}
+
+section_s19a() {  # session 15, call 1 (issue 7), a one-GPU machine: the best mode with --sums-batch-norm compiled and
+  # tuned into an empty Inductor cache (a third run, another machine), then twice from that cache: as it is (a
+  # cache hit), and with the FX graph and AOTAutograd caches off (the code generated again, the block sizes from
+  # the autotune cache). In the twelfth session fp16 lost 6 % on a cache hit (s16c): does the best mode?
+  local n=s19-native-1gpu d=/tmp/inductor-s19-native dir
+  local c=("${TUNED[@]}" --sums-batch-norm) nofx=(TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0)
+  rm -rf "$d"
+  mkdir -p "$OUT_DIR/diag"
+  telemetry start
+  bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-cold-gpu0" 0 330 env TORCHINDUCTOR_CACHE_DIR=$d \
+    "$PY" ddp_resnet50.py "${c[@]}"
+  bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-warm-gpu0" 0 110 env TORCHINDUCTOR_CACHE_DIR=$d \
+    "$PY" ddp_resnet50.py "${c[@]}"
+  bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-nofxcache-gpu0" 0 115 env TORCHINDUCTOR_CACHE_DIR=$d "${nofx[@]}" \
+    "$PY" ddp_resnet50.py "${c[@]}"
+  telemetry stop
+  s19_cache_counts "$d"
+}
+
+s19_cache_counts() {  # s19_cache_counts DIR...: how many tuned configs each Inductor cache holds, and how many of
+  # them coordinate descent found
+  local dir
+  for dir in "$@"; do
+    echo "$dir: $(find "$dir" -name '*.best_config' | wc -l) best configs, $(grep -l '"found_by_coordesc": true' \
+      -r "$dir" --include '*.best_config' | wc -l) found by coordinate descent"
+  done >>"$OUT_DIR/diag/inductor-cache-counts.txt"
+}
+
+section_s19b() {  # session 15, call 2 (issue 7), the machine of s19a still warm: the Lightning twin in the best mode
+  # with --sums-batch-norm, into an empty cache and then from it; then native from s19a's cache once more.
+  local n=s19-native-1gpu l=s19-lightning-1gpu d=/tmp/inductor-s19-lightning
+  local c=("${TUNED[@]}" --sums-batch-norm)
+  rm -rf "$d"
+  mkdir -p "$OUT_DIR/diag"
+  telemetry start
+  bench "$l-fp16ls-256-compile-cdt-graphs-fast-sums-cold-gpu0" 0 340 env TORCHINDUCTOR_CACHE_DIR=$d \
+    "$PY" lightning/ddp_resnet50.py "${c[@]}"
+  bench "$l-fp16ls-256-compile-cdt-graphs-fast-sums-warm-gpu0" 0 110 env TORCHINDUCTOR_CACHE_DIR=$d \
+    "$PY" lightning/ddp_resnet50.py "${c[@]}"
+  bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-warm-gpu0-b" 0 100 env TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-s19-native \
+    "$PY" ddp_resnet50.py "${c[@]}"
+  telemetry stop
+  s19_cache_counts "$d"
 }
 
 section_s18b() {  # session 14, call 2 (issue 7), a one-GPU machine: s18a's best-mode run with --sums-batch-norm again,
