@@ -778,6 +778,22 @@ section_s19b() {  # session 15, call 2 (issue 7), the machine of s19a still warm
   s19_cache_counts "$d"
 }
 
+section_s19c() {  # session 15, call 3 (issue 7), the machine of s19a and s19b if still warm: the best mode without
+  # --sums-batch-norm into an empty cache (what the option gives when tuned, on one GPU), then native and the twin
+  # with it once more from their s19a / s19b caches.
+  local n=s19-native-1gpu l=s19-lightning-1gpu d=/tmp/inductor-s19
+  local c=("${TUNED[@]}" --sums-batch-norm)
+  rm -rf "$d-nosums"
+  telemetry start
+  bench "$n-fp16ls-256-compile-cdt-graphs-fast-cold-gpu0" 0 300 env TORCHINDUCTOR_CACHE_DIR=$d-nosums \
+    "$PY" ddp_resnet50.py "${TUNED[@]}"
+  bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-warm-gpu0-c" 0 100 env TORCHINDUCTOR_CACHE_DIR=$d-native \
+    "$PY" ddp_resnet50.py "${c[@]}"
+  bench "$l-fp16ls-256-compile-cdt-graphs-fast-sums-warm-gpu0-b" 0 110 env TORCHINDUCTOR_CACHE_DIR=$d-lightning \
+    "$PY" lightning/ddp_resnet50.py "${c[@]}"
+  telemetry stop
+}
+
 section_s18b() {  # session 14, call 2 (issue 7), a one-GPU machine: s18a's best-mode run with --sums-batch-norm again,
   # with a longer limit (its cold compilation and tuning passed s18a's 300 s); then eager fp16 with the option.
   local n=s18-native-1gpu
