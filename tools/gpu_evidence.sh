@@ -12,7 +12,7 @@
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
-# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16d; the thirteenth's s17a to s17d; the fourteenth's s18a to s18d; the fifteenth's s19a and on.
+# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16d; the thirteenth's s17a to s17d; the fourteenth's s18a to s18d; the fifteenth's s19a to s19d.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -792,6 +792,15 @@ section_s19c() {  # session 15, call 3 (issue 7), the machine of s19a and s19b i
   bench "$l-fp16ls-256-compile-cdt-graphs-fast-sums-warm-gpu0-b" 0 110 env TORCHINDUCTOR_CACHE_DIR=$d-lightning \
     "$PY" lightning/ddp_resnet50.py "${c[@]}"
   telemetry stop
+}
+
+section_s19d() {  # session 15, call 4 (issue 7), the last device minutes on the machine of s19a-c: native and the
+  # twin in the best mode with --sums-batch-norm once more from their caches (the call ran these two inline).
+  local c=("${TUNED[@]}" --sums-batch-norm) d=/tmp/inductor-s19
+  bench s19-native-1gpu-fp16ls-256-compile-cdt-graphs-fast-sums-warm-gpu0-d 0 100 env TORCHINDUCTOR_CACHE_DIR=$d-native \
+    "$PY" ddp_resnet50.py "${c[@]}"
+  bench s19-lightning-1gpu-fp16ls-256-compile-cdt-graphs-fast-sums-warm-gpu0-c 0 105 env TORCHINDUCTOR_CACHE_DIR=$d-lightning \
+    "$PY" lightning/ddp_resnet50.py "${c[@]}"
 }
 
 section_s18b() {  # session 14, call 2 (issue 7), a one-GPU machine: s18a's best-mode run with --sums-batch-norm again,
