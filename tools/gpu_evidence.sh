@@ -42,6 +42,7 @@ FAST=(--precision fp16 --loss-scale 1024 --compile --cuda-graphs --warmup-steps 
   --space-to-depth-stem --dense-max-pool-backward)
 TUNED=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
   --steps 200 --space-to-depth-stem --dense-max-pool-backward)
+BEST=("${TUNED[@]}" --sums-batch-norm)  # since the fourteenth session
 
 run() {  # run NAME GPUS LIMIT_S COMMAND... : one command, its line in commands.txt, its log with exit code and time
   local name=$1 gpus=$2 limit=$3
@@ -61,6 +62,16 @@ run() {  # run NAME GPUS LIMIT_S COMMAND... : one command, its line in commands.
 bench() {  # bench NAME GPUS LIMIT_S COMMAND... : a benchmark run writing RES/NAME.json
   local name=$1
   run "$@" --output "$RES/$name.json"
+}
+
+cache_counts() {  # cache_counts DIR...: how many tuned configurations each Inductor cache holds (its autotune
+  # cache's best configs), and how many of them coordinate descent found, into DIR/diag/inductor-cache-counts.txt
+  local dir
+  mkdir -p "$OUT_DIR/diag"
+  for dir in "$@"; do
+    echo "$dir: $(find "$dir" -name '*.best_config' | wc -l) best configs, $(grep -l '"found_by_coordesc": true' \
+      -r "$dir" --include '*.best_config' | wc -l) found by coordinate descent"
+  done >>"$OUT_DIR/diag/inductor-cache-counts.txt"
 }
 
 pair() {  # pair "NAME LIMIT ARGS..." "NAME LIMIT ARGS...": two one-GPU runs side by side
@@ -614,9 +625,8 @@ section_s16c() {  # session 12, call 3 (issue 7): in s16b fp16 --loss-scale 1024
   # run on each, then a warm one (the cache as it is) and one with the FX graph and AOTAutograd caches off (Inductor
   # generates the code again but takes the tuned block sizes from its autotune cache), the GPUs swapped between them.
   local c=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
-    --steps 200) n=s16-native-1gpu-fp16ls-256-compile-cdt-graphs d0=/tmp/inductor-gpu0 d1=/tmp/inductor-gpu1 first dir
+    --steps 200) n=s16-native-1gpu-fp16ls-256-compile-cdt-graphs d0=/tmp/inductor-gpu0 d1=/tmp/inductor-gpu1 first
   local nofx=(TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0)
-  mkdir -p "$OUT_DIR/diag"
   rm -rf "$d0" "$d1"
   telemetry start
   bench "$n-cold-gpu0" 0 480 env TORCHINDUCTOR_CACHE_DIR=$d0 "$PY" ddp_resnet50.py "${c[@]}" &
@@ -632,10 +642,7 @@ section_s16c() {  # session 12, call 3 (issue 7): in s16b fp16 --loss-scale 1024
   bench "$n-warm-gpu1" 1 200 env TORCHINDUCTOR_CACHE_DIR=$d1 "$PY" ddp_resnet50.py "${c[@]}" &
   wait "$first" $!
   telemetry stop
-  for dir in "$d0" "$d1"; do  # what the autotune cache holds: best configs, and how many coordinate descent found
-    echo "$dir: $(find "$dir" -name '*.best_config' | wc -l) best configs, $(grep -l '"found_by_coordesc": true' \
-      -r "$dir" --include '*.best_config' | wc -l) found by coordinate descent"
-  done >"$OUT_DIR/diag/inductor-cache-counts.txt"
+  cache_counts "$d0" "$d1"
 }
 
 section_s17a() {  # session 13, call 1 (issue 7): the stem computed differently, same model. Space to depth: conv1 as a
@@ -737,10 +744,9 @@ section_s19a() {  # session 15, call 1 (issue 7), a one-GPU machine: the best mo
   # tuned into an empty Inductor cache (a third run, another machine), then twice from that cache: as it is (a
   # cache hit), and with the FX graph and AOTAutograd caches off (the code generated again, the block sizes from
   # the autotune cache). In the twelfth session fp16 lost 6 % on a cache hit (s16c): does the best mode?
-  local n=s19-native-1gpu d=/tmp/inductor-s19-native dir
-  local c=("${TUNED[@]}" --sums-batch-norm) nofx=(TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0)
+  local n=s19-native-1gpu d=/tmp/inductor-s19-native
+  local c=("${BEST[@]}") nofx=(TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0)
   rm -rf "$d"
-  mkdir -p "$OUT_DIR/diag"
   telemetry start
   bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-cold-gpu0" 0 330 env TORCHINDUCTOR_CACHE_DIR=$d \
     "$PY" ddp_resnet50.py "${c[@]}"
@@ -749,24 +755,14 @@ section_s19a() {  # session 15, call 1 (issue 7), a one-GPU machine: the best mo
   bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-nofxcache-gpu0" 0 115 env TORCHINDUCTOR_CACHE_DIR=$d "${nofx[@]}" \
     "$PY" ddp_resnet50.py "${c[@]}"
   telemetry stop
-  s19_cache_counts "$d"
-}
-
-s19_cache_counts() {  # s19_cache_counts DIR...: how many tuned configs each Inductor cache holds, and how many of
-  # them coordinate descent found
-  local dir
-  for dir in "$@"; do
-    echo "$dir: $(find "$dir" -name '*.best_config' | wc -l) best configs, $(grep -l '"found_by_coordesc": true' \
-      -r "$dir" --include '*.best_config' | wc -l) found by coordinate descent"
-  done >>"$OUT_DIR/diag/inductor-cache-counts.txt"
+  cache_counts "$d"
 }
 
 section_s19b() {  # session 15, call 2 (issue 7), the machine of s19a still warm: the Lightning twin in the best mode
   # with --sums-batch-norm, into an empty cache and then from it; then native from s19a's cache once more.
   local n=s19-native-1gpu l=s19-lightning-1gpu d=/tmp/inductor-s19-lightning
-  local c=("${TUNED[@]}" --sums-batch-norm)
+  local c=("${BEST[@]}")
   rm -rf "$d"
-  mkdir -p "$OUT_DIR/diag"
   telemetry start
   bench "$l-fp16ls-256-compile-cdt-graphs-fast-sums-cold-gpu0" 0 340 env TORCHINDUCTOR_CACHE_DIR=$d \
     "$PY" lightning/ddp_resnet50.py "${c[@]}"
@@ -775,14 +771,14 @@ section_s19b() {  # session 15, call 2 (issue 7), the machine of s19a still warm
   bench "$n-fp16ls-256-compile-cdt-graphs-fast-sums-warm-gpu0-b" 0 100 env TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-s19-native \
     "$PY" ddp_resnet50.py "${c[@]}"
   telemetry stop
-  s19_cache_counts "$d"
+  cache_counts "$d"
 }
 
 section_s19c() {  # session 15, call 3 (issue 7), the machine of s19a and s19b if still warm: the best mode without
   # --sums-batch-norm into an empty cache (what the option gives when tuned, on one GPU), then native and the twin
   # with it once more from their s19a / s19b caches.
   local n=s19-native-1gpu l=s19-lightning-1gpu d=/tmp/inductor-s19
-  local c=("${TUNED[@]}" --sums-batch-norm)
+  local c=("${BEST[@]}")
   rm -rf "$d-nosums"
   telemetry start
   bench "$n-fp16ls-256-compile-cdt-graphs-fast-cold-gpu0" 0 300 env TORCHINDUCTOR_CACHE_DIR=$d-nosums \
@@ -796,7 +792,7 @@ section_s19c() {  # session 15, call 3 (issue 7), the machine of s19a and s19b i
 
 section_s19d() {  # session 15, call 4 (issue 7), the last device minutes on the machine of s19a-c: native and the
   # twin in the best mode with --sums-batch-norm once more from their caches (the call ran these two inline).
-  local c=("${TUNED[@]}" --sums-batch-norm) d=/tmp/inductor-s19
+  local c=("${BEST[@]}") d=/tmp/inductor-s19
   bench s19-native-1gpu-fp16ls-256-compile-cdt-graphs-fast-sums-warm-gpu0-d 0 100 env TORCHINDUCTOR_CACHE_DIR=$d-native \
     "$PY" ddp_resnet50.py "${c[@]}"
   bench s19-lightning-1gpu-fp16ls-256-compile-cdt-graphs-fast-sums-warm-gpu0-c 0 105 env TORCHINDUCTOR_CACHE_DIR=$d-lightning \
