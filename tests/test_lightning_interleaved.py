@@ -31,6 +31,10 @@ def test_interleaves_the_real_twin_with_natives_step(tmp_path):
     low, high = summary["median_ratio_95pct_interval"]
     assert low <= summary["median_ratio"] <= high
     assert "Lightning/native, 3 Lightning blocks of 2 steps" in proc.stdout
+    # native blocks run native's timed loop, its progress lines included (4 blocks of 2 steps, a line a step here)
+    assert [line.strip() for line in proc.stdout.splitlines() if "native measuring step" in line] == [
+        f"native measuring step {i}/8 (queued)" for i in range(1, 9)]
+    assert result["native_block"].startswith("native's timed loop")
 
 
 @pytest.mark.parametrize("argv, rule", [
@@ -80,3 +84,21 @@ def test_pool_refuses_a_file_that_is_not_a_result(tmp_path, capsys, text):
     assert load_script(POOL, "interleave_pool").main([str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"pool.py: error: {bad} is not an interleave.py result" in err
+
+
+def test_hook_profile_times_the_loops_without_a_profiler(tmp_path):
+    """hook_profile.py --timing: the plain loop and the Trainer (automatic and manual) timed in turn on the CPU,
+    Lightning's cost a step as the medians' differences, in an atomically written JSON."""
+    output = tmp_path / "loop-cost.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT.with_name("hook_profile.py")), "--timing", "--repeats", "1",
+                           "--output-json", str(output)], capture_output=True, text=True, timeout=300,
+                          env=clean_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(output.read_text())
+    assert (result["device"], result["precision"], result["repeats"]) == ("cpu", "fp32", 1)
+    medians = result["median_step_us"]
+    assert all(len(result["step_us"][kind]) == 1 and medians[kind] > 0 for kind in ("plain", "automatic", "manual"))
+    assert result["lightning_cost_us"] == {"automatic": medians["automatic"] - medians["plain"],
+                                           "manual": medians["manual"] - medians["plain"]}
+    assert "cpu fp32, 1 repeats, median us a step: plain loop" in proc.stdout
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["loop-cost.json"]

@@ -7,8 +7,11 @@ from inside its on_train_batch_end hook, native's real training step (ddp_resnet
 
     N0  L1  N1  L2  N2 ... Ln  Nn      (N: native block, L: Lightning block, each --block-steps steps)
 
-Every block is timed by the host clock between device synchronizations, and each Lightning block is compared
-with the mean of the two native blocks around it, which cancels a drift that is linear over the three blocks.
+A native block runs native's step with the per-step work of native's timed loop (measure(): fault hooks, the
+loss kept, a CUDA-event mark, the progress check, the SIGTERM agreement round), which the twin's hooks do in
+a Lightning block. Every block is timed by the host clock between device synchronizations, and each Lightning
+block is compared with the mean of the two native blocks around it, which cancels a drift that is linear over
+the three blocks.
 Both kinds pay the same drain of the GPU queue at each block boundary. The twin's own result file (whose step
 times include the native blocks) is written to a temporary directory and discarded; this writes its own JSON.
 
@@ -62,7 +65,7 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-def make_module_class(native_argv, block_steps):
+def make_module_class(native_argv, block_steps, blocks):
     class InterleavedBenchmark(twin.ResNet50Benchmark):
         """The twin's LightningModule; after its warm-up, native blocks run from on_train_batch_end."""
 
@@ -84,13 +87,34 @@ def make_module_class(native_argv, block_steps):
             except native.UsageError as error:  # reported by the twin's run_guarded, as its own bad input is
                 raise twin.UsageError(str(error)) from None
             self.native_batch_size_per_device = config["batch_size_per_device"]
+            self.native_config, self.native_steps_run = config, 0
             self.native_step, _ = native.build_step(config, self.device, self.global_rank, self.trainer.world_size)
 
         def run_native(self, steps, record):
+            """Native's step in native's timed loop: per step the same harness work as measure()'s (fault hooks,
+            the loss kept on the device, a CUDA-event mark, the progress check, the SIGTERM agreement round,
+            which on several ranks is a gloo all-reduce), so that a native block pays what the twin's hooks pay
+            in a Lightning block. The twin's StopRequest carries on its rounds; progress lines come at the
+            twin's pace (a fifth of all the blocks' steps)."""
+            world_size, rank = self.trainer.world_size, self.global_rank
+            timer, losses = twin.StepTimer(self.device, steps), []
+            count = block_steps * (blocks + 1)  # N0 ... Nn
+            progress_every = max(1, count // 5)
             synchronize(self.device)
             started = time.perf_counter()
             for _ in range(steps):
-                self.native_step()
+                native.inject_fault(self.native_config, rank, self.native_steps_run + 1, "oom")
+                native.inject_fault(self.native_config, rank, self.native_steps_run + 1, "crash")
+                losses.append(self.native_step())
+                self.native_steps_run += 1
+                timer.mark()
+                index = self.native_steps_run - self.config["warmup_steps"] - 1
+                if rank == 0 and record and (index == 0 or (index + 1) % progress_every == 0 or index + 1 == count):
+                    print(f"  native measuring step {index + 1}/{count} (queued)", flush=True)
+                self.record["signal"] = self.stop.agreed(self.monitor, world_size)
+                if self.record["signal"]:
+                    self.trainer.should_stop = True
+                    break
             synchronize(self.device)
             if record:
                 self.blocks.append({"kind": "native", "steps": steps, "seconds": time.perf_counter() - started})
@@ -146,7 +170,7 @@ def main(argv=None):
         raise twin.UsageError(str(error).replace("--output", "--output-json", 1)) from None
     scratch = tempfile.mkdtemp(prefix="interleave-")
     native_argv = native_arguments(rest) + ["--output", os.path.join(scratch, "native.json")]
-    module_class = make_module_class(native_argv, options.block_steps)
+    module_class = make_module_class(native_argv, options.block_steps, options.blocks)
     twin.ResNet50Benchmark = module_class  # the real twin main() builds this subclass
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:
@@ -161,6 +185,7 @@ def main(argv=None):
     summary = summarize_blocks(module.blocks, config["global_batch_size"])
     result = {"diagnostic": "lightning-interleaved", "started_at": started_at, "argv": rest,
               "block_steps": options.block_steps, "blocks": options.blocks,
+              "native_block": "native's timed loop: its step and measure()'s per-step harness work",
               "world_size": module.trainer.world_size, "timed_by": "rank 0's host clock",
               "batch_size_per_device": config["batch_size_per_device"],
               "native_batch_size_per_device": module.native_batch_size_per_device, "precision": config["precision"],
