@@ -12,7 +12,7 @@
 # prepared in the fourth, was replaced by s8a and s8c and never run); next9 ran once, inside s12b, and its 2-GPU
 # run was cut by the call's time limit;
 # the sixth session's s10a, s10b and s10c; the seventh's s11a to s11e; the eighth's s12a and s12b; the ninth's s13a
-# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16d; the thirteenth's s17a to s17d; the fourteenth's s18a to s18d; the fifteenth's s19a to s19d; the sixteenth's s20a and s20b.
+# to s13c; the tenth's s14a to s14c; the eleventh's s15a to s15e; the twelfth's s16a to s16d; the thirteenth's s17a to s17d; the fourteenth's s18a to s18d; the fifteenth's s19a to s19d; the sixteenth's s20a to s20c.
 # Each run writes DIR/results/<name>.json and DIR/logs/<name>.log (with its exit code and duration) and its
 # command line to DIR/commands.txt; a summary table is printed last, and the script exits 1 when a run ended
 # otherwise than expected (DIR/failed.txt names them). Give each call its own DIR: a result is never overwritten.
@@ -836,6 +836,20 @@ section_s20b() {  # session 16, call 2 (issue 3), the machine of s20a if still w
     run "s20-interleave-v2-2gpu-bf16-32-$round" 0,1 150 "${TWO[@]}" "$il" --devices 2 "${a[@]}" \
       --output-json "$OUT_DIR/diag/interleave-v2-2gpu-bf16-32-$round.json"
   done
+  telemetry stop
+}
+
+section_s20c() {  # session 16, call 3 (issue 3), the machine of s20a-b if still warm: the last device minutes, more of
+  # the same interleaved runs (one-GPU pairs f and g, a 2-GPU run, then pair h).
+  local il=docs/diagnostics/lightning-interleaved/interleave.py
+  local a=(--batch-size-per-device 32 --warmup-steps 20 --block-steps 20 --blocks 80)
+  mkdir -p "$OUT_DIR/diag"
+  telemetry start
+  interleave_pair s20 interleave-v2-1gpu-bf16-32 f 130 "${a[@]}"
+  interleave_pair s20 interleave-v2-1gpu-bf16-32 g 130 "${a[@]}"
+  run s20-interleave-v2-2gpu-bf16-32-d 0,1 150 "${TWO[@]}" "$il" --devices 2 "${a[@]}" \
+    --output-json "$OUT_DIR/diag/interleave-v2-2gpu-bf16-32-d.json"
+  interleave_pair s20 interleave-v2-1gpu-bf16-32 h 130 "${a[@]}"
   telemetry stop
 }
 
