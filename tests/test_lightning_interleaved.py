@@ -57,10 +57,12 @@ def test_bad_input_is_refused_before_the_run(tmp_path, argv, rule):
 POOL = SCRIPT.parent / "pool.py"
 
 
-@pytest.mark.parametrize("pattern", ["interleave-1gpu-bf16-32*.json", "interleave-2gpu-bf16-32*.json"])
+@pytest.mark.parametrize("pattern", ["interleave-1gpu-bf16-32*.json", "interleave-2gpu-bf16-32*.json",  # first version
+                                     "interleave-v2-1gpu-bf16-32*.json", "interleave-v2-2gpu-bf16-32*.json",  # v2
+                                     "interleave-*1gpu-bf16-32*.json", "interleave-*2gpu-bf16-32*.json"])  # both
 def test_pool_reproduces_the_committed_pooled_figures(capsys, pattern):
     """pool.py on the committed device runs (automatic optimization) prints the pooled median and block interval
-    that the README's pooled row for those runs quotes."""
+    that the README's pooled row for those runs quotes: each version's runs, and both versions' together."""
     pool = load_script(POOL, "interleave_pool")
     results = [str(path) for path in (SCRIPT.parent / "results").glob(pattern) if "manual" not in path.name]
     assert pool.main(results) == 0
