@@ -101,6 +101,7 @@ def make_module_class(native_argv, block_steps, blocks):
             count = block_steps * (blocks + 1)  # N0 ... Nn
             progress_every = max(1, count // 5)
             synchronize(self.device)
+            first = self.native_steps_run
             started = time.perf_counter()
             for _ in range(steps):
                 native.inject_fault(self.native_config, rank, self.native_steps_run + 1, "oom")
@@ -116,8 +117,9 @@ def make_module_class(native_argv, block_steps, blocks):
                     self.trainer.should_stop = True
                     break
             synchronize(self.device)
-            if record:
-                self.blocks.append({"kind": "native", "steps": steps, "seconds": time.perf_counter() - started})
+            if record:  # the steps run: fewer when a stop request ended the block
+                self.blocks.append({"kind": "native", "steps": self.native_steps_run - first,
+                                    "seconds": time.perf_counter() - started})
 
         def on_train_batch_end(self, outputs, batch, batch_idx):
             super().on_train_batch_end(outputs, batch, batch_idx)
