@@ -43,6 +43,9 @@ FAST=(--precision fp16 --loss-scale 1024 --compile --cuda-graphs --warmup-steps 
 TUNED=(--precision fp16 --loss-scale 1024 --compile --coordinate-descent-tuning --cuda-graphs --warmup-steps 20
   --steps 200 --space-to-depth-stem --dense-max-pool-backward)
 BEST=("${TUNED[@]}" --sums-batch-norm)  # since the fourteenth session
+# interleave.py (docs/diagnostics/lightning-interleaved/) at 32 images per GPU, 80 Lightning blocks of 20 steps
+INTERLEAVE=docs/diagnostics/lightning-interleaved/interleave.py
+INTERLEAVE_32=(--batch-size-per-device 32 --warmup-steps 20 --block-steps 20 --blocks 80)
 
 run() {  # run NAME GPUS LIMIT_S COMMAND... : one command, its line in commands.txt, its log with exit code and time
   local name=$1 gpus=$2 limit=$3
@@ -502,7 +505,7 @@ section_s15a() {  # session 11, call 1 (issues 3, 4 and 7): the twin's fp16 with
   local f=(--precision fp16 --loss-scale 1024) g=(--cuda-graphs --warmup-steps 20 --steps 200)
   local g32=(--batch-size-per-device 32 --cuda-graphs --warmup-steps 20 --steps 300) e=(--warmup-steps 10 --steps 200)
   local c=(--compile --cuda-graphs --warmup-steps 20 --steps 200) nobb=--no-broadcast-buffers
-  local n=s15-native l=s15-lightning L=lightning/ddp_resnet50.py il=docs/diagnostics/lightning-interleaved/interleave.py
+  local n=s15-native l=s15-lightning L=lightning/ddp_resnet50.py il=$INTERLEAVE
   mkdir -p "$OUT_DIR/diag"
   telemetry start
   pair "$n-1gpu-fp16ls-256-graphs-gpu0 150 ddp_resnet50.py ${f[*]} ${g[*]}" "$l-1gpu-fp16ls-256-graphs-gpu1 150 $L ${f[*]} ${g[*]}"
@@ -538,7 +541,7 @@ section_s15b() {  # session 11, call 1 (issue 7): does PyTorch's ddp_optimizer w
 
 section_s15c() {  # session 11, call 3 (issue 3): the interleaved Lightning/native measurement again (the same command
   # twice before believing it), at 256 per GPU as its control (where separate runs agree: 0.99-1.00), and on 2 GPUs.
-  local il=docs/diagnostics/lightning-interleaved/interleave.py
+  local il=$INTERLEAVE
   mkdir -p "$OUT_DIR/diag"
   telemetry start
   run s15-interleave-1gpu-bf16-32-b 0 150 "$PY" "$il" --batch-size-per-device 32 --warmup-steps 20 --block-steps 20 \
@@ -555,7 +558,7 @@ section_s15c() {  # session 11, call 3 (issue 3): the interleaved Lightning/nati
 section_s15d() {  # session 11, call 4 (issue 3): is the twin's manual optimization (the step in training_step, no
   # closure) cheaper on the host than its automatic optimization? Interleaved with native in one process each, the
   # two modes side by side on GPU 0 and GPU 1, then swapped.
-  local il=docs/diagnostics/lightning-interleaved/interleave.py a=(--batch-size-per-device 32 --warmup-steps 20
+  local il=$INTERLEAVE a=(--batch-size-per-device 32 --warmup-steps 20
     --block-steps 20 --blocks 40) first second
   mkdir -p "$OUT_DIR/diag"
   telemetry start
@@ -576,12 +579,19 @@ section_s15d() {  # session 11, call 4 (issue 3): is the twin's manual optimizat
 
 interleave_pair() {  # interleave_pair SESSION NAME ROUND LIMIT_S ARGS...: interleave.py at once on GPU 0 and on GPU 1,
   # each writing DIR/diag/NAME-gpuN-ROUND.json (logged as SESSION-NAME-gpuN-ROUND)
-  local session=$1 name=$2 round=$3 limit=$4 il=docs/diagnostics/lightning-interleaved/interleave.py first
+  local session=$1 name=$2 round=$3 limit=$4 first
   shift 4
-  run "$session-$name-gpu0-$round" 0 "$limit" "$PY" "$il" "$@" --output-json "$OUT_DIR/diag/$name-gpu0-$round.json" &
+  run "$session-$name-gpu0-$round" 0 "$limit" "$PY" "$INTERLEAVE" "$@" --output-json "$OUT_DIR/diag/$name-gpu0-$round.json" &
   first=$!
-  run "$session-$name-gpu1-$round" 1 "$limit" "$PY" "$il" "$@" --output-json "$OUT_DIR/diag/$name-gpu1-$round.json" &
+  run "$session-$name-gpu1-$round" 1 "$limit" "$PY" "$INTERLEAVE" "$@" --output-json "$OUT_DIR/diag/$name-gpu1-$round.json" &
   wait "$first" $!
+}
+
+interleave_2gpu() {  # interleave_2gpu SESSION NAME LIMIT_S ARGS...: interleave.py on both GPUs (torchrun, --devices 2),
+  # writing DIR/diag/NAME.json (logged as SESSION-NAME)
+  local session=$1 name=$2 limit=$3
+  shift 3
+  run "$session-$name" 0,1 "$limit" "${TWO[@]}" "$INTERLEAVE" --devices 2 "$@" --output-json "$OUT_DIR/diag/$name.json"
 }
 
 s16_interleave_pair() {  # s16_interleave_pair ROUND LIMIT_S ARGS...: the twelfth session's pairs
@@ -591,15 +601,13 @@ s16_interleave_pair() {  # s16_interleave_pair ROUND LIMIT_S ARGS...: the twelft
 section_s16a() {  # session 12, call 1 (issue 3): the interleaved Lightning/native ratio at 32 per GPU, uncaptured, again:
   # four more one-GPU runs (in pairs, one per GPU, as s15d) and two on 2 GPUs, 80 Lightning blocks each instead of 40,
   # to narrow the interval that the eleventh session's runs left around 0.95 (pooled: pool.py in the same folder).
-  local il=docs/diagnostics/lightning-interleaved/interleave.py round
-  local a=(--batch-size-per-device 32 --warmup-steps 20 --block-steps 20 --blocks 80)
+  local round
   mkdir -p "$OUT_DIR/diag"
   telemetry start
-  s16_interleave_pair f 150 "${a[@]}"
-  s16_interleave_pair g 150 "${a[@]}"
+  s16_interleave_pair f 150 "${INTERLEAVE_32[@]}"
+  s16_interleave_pair g 150 "${INTERLEAVE_32[@]}"
   for round in f g; do
-    run "s16-interleave-2gpu-bf16-32-$round" 0,1 170 "${TWO[@]}" "$il" --devices 2 "${a[@]}" \
-      --output-json "$OUT_DIR/diag/interleave-2gpu-bf16-32-$round.json"
+    interleave_2gpu s16 "interleave-2gpu-bf16-32-$round" 170 "${INTERLEAVE_32[@]}"
   done
   telemetry stop
 }
@@ -808,8 +816,7 @@ section_s20a() {  # session 16, call 1 (issue 3), a 2-GPU machine: Lightning's l
   # by the Trainer, on the GPU in bf16 and on the CPU), to set against native's step time; then interleave.py, whose
   # native blocks now run native's timed loop with its per-step harness work (the old ones ran the step alone): three
   # pairs of one-GPU runs (one per GPU) and one 2-GPU run, 80 Lightning blocks each.
-  local hp=docs/diagnostics/lightning-interleaved/hook_profile.py il=docs/diagnostics/lightning-interleaved/interleave.py
-  local a=(--batch-size-per-device 32 --warmup-steps 20 --block-steps 20 --blocks 80) round
+  local hp=docs/diagnostics/lightning-interleaved/hook_profile.py round
   mkdir -p "$OUT_DIR/diag"
   telemetry start
   run s20-loop-cost-cuda-bf16 0 100 "$PY" "$hp" --timing --device cuda --precision bf16 --repeats 5 \
@@ -817,39 +824,34 @@ section_s20a() {  # session 16, call 1 (issue 3), a 2-GPU machine: Lightning's l
   run s20-loop-cost-cpu-fp32 0 100 "$PY" "$hp" --timing --device cpu --precision fp32 --repeats 5 \
     --output-json "$OUT_DIR/diag/loop-cost-cpu-fp32.json"
   for round in a b c; do
-    interleave_pair s20 interleave-v2-1gpu-bf16-32 "$round" 130 "${a[@]}"
+    interleave_pair s20 interleave-v2-1gpu-bf16-32 "$round" 130 "${INTERLEAVE_32[@]}"
   done
-  run s20-interleave-v2-2gpu-bf16-32-a 0,1 150 "${TWO[@]}" "$il" --devices 2 "${a[@]}" \
-    --output-json "$OUT_DIR/diag/interleave-v2-2gpu-bf16-32-a.json"
+  interleave_2gpu s20 interleave-v2-2gpu-bf16-32-a 150 "${INTERLEAVE_32[@]}"
   telemetry stop
 }
 
-section_s20b() {  # session 16, call 2 (issue 3), the machine of s20a if still warm: more of its interleaved runs (its one-GPU pairs took 108-119 s in s20a and its 2-GPU run was cut by the call's limit: two pairs and two 2-GPU runs.
-  local il=docs/diagnostics/lightning-interleaved/interleave.py round
-  local a=(--batch-size-per-device 32 --warmup-steps 20 --block-steps 20 --blocks 80)
+section_s20b() {  # session 16, call 2 (issue 3), the machine of s20a if still warm: more of its interleaved runs. s20a's
+  # one-GPU pairs took 107-119 s and its 2-GPU run was cut by the call's limit, so two pairs and two 2-GPU runs.
+  local round
   mkdir -p "$OUT_DIR/diag"
   telemetry start
   for round in d e; do
-    interleave_pair s20 interleave-v2-1gpu-bf16-32 "$round" 130 "${a[@]}"
+    interleave_pair s20 interleave-v2-1gpu-bf16-32 "$round" 130 "${INTERLEAVE_32[@]}"
   done
   for round in b c; do
-    run "s20-interleave-v2-2gpu-bf16-32-$round" 0,1 150 "${TWO[@]}" "$il" --devices 2 "${a[@]}" \
-      --output-json "$OUT_DIR/diag/interleave-v2-2gpu-bf16-32-$round.json"
+    interleave_2gpu s20 "interleave-v2-2gpu-bf16-32-$round" 150 "${INTERLEAVE_32[@]}"
   done
   telemetry stop
 }
 
 section_s20c() {  # session 16, call 3 (issue 3), the machine of s20a-b if still warm: the last device minutes, more of
   # the same interleaved runs (one-GPU pairs f and g, a 2-GPU run, then pair h).
-  local il=docs/diagnostics/lightning-interleaved/interleave.py
-  local a=(--batch-size-per-device 32 --warmup-steps 20 --block-steps 20 --blocks 80)
   mkdir -p "$OUT_DIR/diag"
   telemetry start
-  interleave_pair s20 interleave-v2-1gpu-bf16-32 f 130 "${a[@]}"
-  interleave_pair s20 interleave-v2-1gpu-bf16-32 g 130 "${a[@]}"
-  run s20-interleave-v2-2gpu-bf16-32-d 0,1 150 "${TWO[@]}" "$il" --devices 2 "${a[@]}" \
-    --output-json "$OUT_DIR/diag/interleave-v2-2gpu-bf16-32-d.json"
-  interleave_pair s20 interleave-v2-1gpu-bf16-32 h 130 "${a[@]}"
+  interleave_pair s20 interleave-v2-1gpu-bf16-32 f 130 "${INTERLEAVE_32[@]}"
+  interleave_pair s20 interleave-v2-1gpu-bf16-32 g 130 "${INTERLEAVE_32[@]}"
+  interleave_2gpu s20 interleave-v2-2gpu-bf16-32-d 150 "${INTERLEAVE_32[@]}"
+  interleave_pair s20 interleave-v2-1gpu-bf16-32 h 130 "${INTERLEAVE_32[@]}"
   telemetry stop
 }
 
