@@ -1008,13 +1008,26 @@ def run_guarded(main):
             print(f"{prefix}{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
 
-def measure(step, config, device, rank, world_size, monitor, stop):
-    """Warm-up, then timed steps. Returns this rank's record; a stop request ends the loop early."""
-    timer = StepTimer(device, config["steps"])
-    losses, record = [], {"rank": rank, "steps_run": 0, "signal": 0}
-    progress_every = max(1, config["steps"] // 5)
+class TimedLoop:
+    """measure()'s loop: the harness's per-step work around a training step (fault hooks, the loss kept on the
+    device, a CUDA-event mark after each timed step, progress lines, the SIGTERM agreement round). Timed steps
+    may come in several runs (the interleaved Lightning diagnostic times native's blocks with it); progress
+    counts them against timed_total."""
 
-    def run_steps(count, timed):
+    def __init__(self, step, config, rank, world_size, monitor, stop, timer, timed_total):
+        self.step, self.config, self.rank, self.world_size = step, config, rank, world_size
+        self.monitor, self.stop, self.timer = monitor, stop, timer
+        self.losses, self.record = [], {"rank": rank, "steps_run": 0, "signal": 0}
+        self.timed_total, self.timed_done = timed_total, 0
+        self.progress_every = max(1, timed_total // 5)
+
+    def run(self, count, timed):
+        """count steps; False when a stop request ended them early."""
+        step, config, rank, world_size, monitor, stop, timer = (self.step, self.config, self.rank, self.world_size,
+                                                                 self.monitor, self.stop, self.timer)
+        losses, record, progress_every = self.losses, self.record, self.progress_every
+        offset, of = (self.timed_done, self.timed_total) if timed else (0, count)  # progress: step offset + index of
+        before = record["steps_run"]
         for index in range(count):
             inject_fault(config, rank, record["steps_run"] + 1, "oom")
             inject_fault(config, rank, record["steps_run"] + 1, "crash")
@@ -1022,15 +1035,23 @@ def measure(step, config, device, rank, world_size, monitor, stop):
             record["steps_run"] += 1
             if timed:
                 timer.mark()
-            if rank == 0 and (not timed or index == 0 or (index + 1) % progress_every == 0 or index + 1 == count):
-                print(f"  {'measuring' if timed else 'warm-up'} step {index + 1}/{count} (queued)", flush=True)
+            shown = offset + index
+            if rank == 0 and (not timed or shown == 0 or (shown + 1) % progress_every == 0 or shown + 1 == of):
+                print(f"  {'measuring' if timed else 'warm-up'} step {shown + 1}/{of} (queued)", flush=True)
             record["signal"] = stop.agreed(monitor, world_size)
             if record["signal"]:
-                return False
-        return True
+                break
+        if timed:
+            self.timed_done += record["steps_run"] - before
+        return not record["signal"]
 
+
+def measure(step, config, device, rank, world_size, monitor, stop):
+    """Warm-up, then timed steps. Returns this rank's record; a stop request ends the loop early."""
+    timer = StepTimer(device, config["steps"])
+    loop = TimedLoop(step, config, rank, world_size, monitor, stop, timer, config["steps"])
     started = None
-    if run_steps(config["warmup_steps"], timed=False):
+    if loop.run(config["warmup_steps"], timed=False):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -1038,8 +1059,8 @@ def measure(step, config, device, rank, world_size, monitor, stop):
             dist.barrier(group=monitor)
         started = start_clock()
         timer.mark()
-        run_steps(config["steps"], timed=True)
-    return close_record(record, timer, losses, started, device, stop, world_size)
+        loop.run(config["steps"], timed=True)
+    return close_record(loop.record, timer, loop.losses, started, device, stop, world_size)
 
 
 def close_record(record, timer, losses, started, device, stop, world_size):

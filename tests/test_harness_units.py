@@ -305,3 +305,29 @@ def test_compile_cache_counts_tell_a_cold_compilation_from_a_cache_hit(tmp_path)
     assert (warm["fx_graph_cache_miss"], warm["fx_graph_cache_hit"]) == (1, 1)
     assert set(cold) == {f"{cache}_{kind}" for cache in ("fx_graph_cache", "autograd_cache")
                          for kind in ("hit", "miss", "bypass")}
+
+
+def test_the_timed_loop_counts_timed_steps_across_runs_and_stops_on_request(native, capsys):
+    """TimedLoop (measure()'s loop; interleave.py times native blocks with it): each step gets the fault hooks,
+    the loss kept, a mark when timed and the stop round; progress lines count timed steps against timed_total
+    over several runs; a stop request ends a run after its step and returns False."""
+    config = {"inject_fault": None, "inject_fault_rank": 0, "inject_fault_step": 0}
+    stop, timer = native.StopRequest(), native.StepTimer(torch.device("cpu"), 4)
+    calls = []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 6:
+            stop.signum = 15  # a SIGTERM during the sixth step (the fourth timed one)
+        return torch.tensor(float(len(calls)))
+
+    loop = native.TimedLoop(step, config, 0, 1, None, stop, timer, timed_total=4)
+    assert loop.run(2, timed=False)
+    assert loop.run(2, timed=True) and loop.timed_done == 2
+    assert not loop.run(3, timed=True)  # the stop ends the run after the step it arrived in
+    assert len(calls) == 6 and loop.timed_done == 4 and timer.count == 4
+    assert loop.record["steps_run"] == 6 and loop.record["signal"] == 15
+    assert [float(loss) for loss in loop.losses] == [1, 2, 3, 4, 5, 6]
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert lines == ["warm-up step 1/2 (queued)", "warm-up step 2/2 (queued)",
+                     *(f"measuring step {i}/4 (queued)" for i in range(1, 5))]

@@ -74,7 +74,7 @@ def make_module_class(native_argv, block_steps, blocks):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             type(self).instance = self
-            self.blocks, self.native_step, self.block_start = [], None, None
+            self.blocks, self.native_loop, self.block_start = [], None, None
 
         def on_train_start(self):
             super().on_train_start()
@@ -87,38 +87,26 @@ def make_module_class(native_argv, block_steps, blocks):
             except native.UsageError as error:  # reported by the twin's run_guarded, as its own bad input is
                 raise twin.UsageError(str(error)) from None
             self.native_batch_size_per_device = config["batch_size_per_device"]
-            self.native_config, self.native_steps_run = config, 0
-            self.native_step, _ = native.build_step(config, self.device, self.global_rank, self.trainer.world_size)
+            native_step, _ = native.build_step(config, self.device, self.global_rank, self.trainer.world_size)
+            # native's timed loop (measure()'s TimedLoop) with the twin's stop rounds; its progress lines count all
+            # the native blocks' steps, N0 ... Nn
+            total = block_steps * (blocks + 1)
+            self.native_loop = native.TimedLoop(native_step, config, self.global_rank, self.trainer.world_size,
+                                                self.monitor, self.stop, twin.StepTimer(self.device, total), total)
 
         def run_native(self, steps, record):
-            """Native's step in native's timed loop: per step the same harness work as measure()'s (fault hooks,
-            the loss kept on the device, a CUDA-event mark, the progress check, the SIGTERM agreement round,
-            which on several ranks is a gloo all-reduce), so that a native block pays what the twin's hooks pay
-            in a Lightning block. The twin's StopRequest carries on its rounds; progress lines come at the
-            twin's pace (a fifth of all the blocks' steps)."""
-            world_size, rank = self.trainer.world_size, self.global_rank
-            timer, losses = twin.StepTimer(self.device, steps), []
-            count = block_steps * (blocks + 1)  # N0 ... Nn
-            progress_every = max(1, count // 5)
+            """A native block: native's step with the per-step work of native's timed loop (fault hooks, the loss
+            kept on the device, a CUDA-event mark, the progress check, the SIGTERM agreement round, which on
+            several ranks is a gloo all-reduce), as the twin's hooks do in a Lightning block. Its warm-up
+            (record False) runs as measure()'s warm-up does."""
             synchronize(self.device)
-            first = self.native_steps_run
+            first = self.native_loop.record["steps_run"]
             started = time.perf_counter()
-            for _ in range(steps):
-                native.inject_fault(self.native_config, rank, self.native_steps_run + 1, "oom")
-                native.inject_fault(self.native_config, rank, self.native_steps_run + 1, "crash")
-                losses.append(self.native_step())
-                self.native_steps_run += 1
-                timer.mark()
-                index = self.native_steps_run - self.config["warmup_steps"] - 1
-                if rank == 0 and record and (index == 0 or (index + 1) % progress_every == 0 or index + 1 == count):
-                    print(f"  native measuring step {index + 1}/{count} (queued)", flush=True)
-                self.record["signal"] = self.stop.agreed(self.monitor, world_size)
-                if self.record["signal"]:
-                    self.trainer.should_stop = True
-                    break
+            if not self.native_loop.run(steps, timed=record):
+                self.trainer.should_stop = True
             synchronize(self.device)
             if record:  # the steps run: fewer when a stop request ended the block
-                self.blocks.append({"kind": "native", "steps": self.native_steps_run - first,
+                self.blocks.append({"kind": "native", "steps": self.native_loop.record["steps_run"] - first,
                                     "seconds": time.perf_counter() - started})
 
         def on_train_batch_end(self, outputs, batch, batch_idx):
