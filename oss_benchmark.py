@@ -1050,6 +1050,7 @@ def run_guarded(main):
             print(f"{prefix}{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
 
+
 class TimedLoop:
     """measure()'s loop: the harness's per-step work around a training step (fault hooks, the loss kept on the
     device, a CUDA-event mark after each timed step, progress lines, the SIGTERM agreement round). Timed steps

@@ -105,3 +105,28 @@ def test_hook_profile_times_the_loops_without_a_profiler(tmp_path):
                                            "manual": medians["manual"] - medians["plain"]}
     assert "cpu fp32, 1 repeats, median us a step: plain loop" in proc.stdout
     assert sorted(path.name for path in tmp_path.iterdir()) == ["loop-cost.json"]
+
+
+@pytest.mark.parametrize("argv, rule", [
+    (["--timing", "--repeats", "0"], "argument --repeats: must be a positive integer, got 0"),
+    (["--repeats", "3"], "--repeats only with --timing"),
+    (["--timing", "--output-json", "{file}/x.json"], "--output-json directory {file} cannot be written"),
+    (["--timing", "--precision", "fp16"], "argument --precision: invalid choice"),
+])
+def test_hook_profile_refuses_bad_input_before_timing(tmp_path, argv, rule):
+    """hook_profile.py's bad input: the harness's UsageError (one line, exit 2 through run_guarded) before
+    anything runs; nothing written."""
+    profile = load_script(SCRIPT.with_name("hook_profile.py"), "hook_profile_under_test")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    with pytest.raises(profile.bench.UsageError, match=re.escape(rule.format(file=a_file))):
+        profile.main([arg.format(file=a_file) for arg in argv])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_hook_profile_refuses_a_gpu_it_does_not_have(tmp_path):
+    """On the command line: one line on stderr and exit 2 (CI has no CUDA GPU)."""
+    proc = subprocess.run([sys.executable, str(SCRIPT.with_name("hook_profile.py")), "--timing", "--device", "cuda"],
+                          capture_output=True, text=True, timeout=120, env=clean_env(), cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "hook_profile.py: error: --device cuda needs a CUDA GPU and none is visible\n"

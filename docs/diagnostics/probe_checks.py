@@ -12,13 +12,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 import ddp_resnet50 as bench  # noqa: E402
 
 
-def check_json_path(path):
-    """An unwritable --json is bad input, said before the measuring, not a traceback at its end."""
+def check_json_path(path, option="--json"):
+    """An unwritable JSON path (the probes' --json, or `option`) is bad input, said before the measuring, not a
+    traceback at its end."""
     if path:
         try:
             bench.check_output_path(path, overwrite=True)
         except bench.UsageError as error:
-            raise bench.UsageError(str(error).replace("--output", "--json", 1)) from None
+            raise bench.UsageError(str(error).replace("--output", option, 1)) from None
 
 
 def ran_cpu_check(args, check, what):

@@ -1,22 +1,23 @@
 """Where Lightning's per-step host time goes, and how much it is on a given host: a trivial model (Linear 8 -> 4,
 4 samples), so that the step is almost all loop, trained by a plain loop and by Trainer(barebones=True).
 
-    python docs/diagnostics/lightning-interleaved/hook_profile.py [automatic|manual] > hook_profile-output.txt
+    python docs/diagnostics/lightning-interleaved/hook_profile.py [automatic|manual] \\
+        > docs/diagnostics/lightning-interleaved/hook_profile-output.txt
     python docs/diagnostics/lightning-interleaved/hook_profile.py --timing [--device cuda --precision bf16] \\
         [--repeats 5] [--output-json F]
 
-The first form profiles the Trainer under cProfile on the CPU. The second times, without a profiler, the steady
-state (steps 500 to 2,900 of 3,000, between device synchronizations) of the plain loop, of the Trainer with
-automatic optimization and of the Trainer with the twin's manual optimization, in turn, --repeats times: the
-medians' differences are Lightning's own host cost a step on this host, which the device runs set against
-native's step time (a host-bound step of t ms with Lightning's cost of d ms runs at t / (t + d) of native).
+Both time the steady state (steps 500 to 2,900 of 3,000, between device synchronizations). The first form times
+the plain loop and the Trainer once each on the CPU, then profiles the Trainer under cProfile. The second times,
+without a profiler, the plain loop, the Trainer with automatic optimization and the Trainer with the twin's
+manual optimization, in turn, --repeats times: the medians' differences are Lightning's own host cost a step on
+this host, which the device runs set against native's step time (a host-bound step of t ms with Lightning's
+cost of d ms runs at t / (t + d) of native).
 """
-import argparse
 import cProfile
 import contextlib
-import json
 import logging
 import os
+import pathlib
 import platform
 import pstats
 import socket
@@ -27,6 +28,12 @@ import warnings
 
 import lightning as L
 import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
+import ddp_resnet50 as bench  # noqa: E402  (the harness: one-line errors, JSON writing)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import probe_checks  # noqa: E402
 
 STEPS, FIRST_MARK, LAST_MARK = 3000, 500, 2900
 inputs, labels = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), torch.arange(4)
@@ -126,51 +133,50 @@ def timing(options):
           f"{medians['plain']:.0f}, Trainer automatic {medians['automatic']:.0f} (+{result['lightning_cost_us']['automatic']:.0f}), "
           f"manual {medians['manual']:.0f} (+{result['lightning_cost_us']['manual']:.0f})")
     if options.output_json:
-        temporary = options.output_json + ".tmp"
-        with open(temporary, "w") as handle:
-            json.dump(result, handle, indent=1)
-        os.replace(temporary, options.output_json)
+        bench.write_json_atomically(options.output_json, result)
     return result
 
 
 def profile(mode):
+    """The steady-state step of the plain loop and of the Trainer (as --timing times them, once each), then the
+    Trainer under cProfile."""
     quiet()
-    net = torch.nn.Linear(8, 4)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    started = time.perf_counter()
-    for _ in range(STEPS):
-        loss = torch.nn.functional.cross_entropy(net(inputs), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    plain = (time.perf_counter() - started) / STEPS
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=STEPS, barebones=True)
-    started = time.perf_counter()
-    trainer.fit(Tiny(mode == "automatic"))
-    lightning = (time.perf_counter() - started) / STEPS
+    cpu = torch.device("cpu")
+    plain = plain_loop_step_s(cpu, contextlib.nullcontext)
+    lightning = trainer_step_s(cpu, "32-true", automatic=mode == "automatic")
     profiler = cProfile.Profile()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=STEPS, barebones=True)
     profiler.runcall(trainer.fit, Tiny(mode == "automatic"))
-    print(f"{mode} optimization, {STEPS} steps: plain loop {plain * 1e6:.0f} us a step, Trainer {lightning * 1e6:.0f} "
-          f"us a step (setup included); the profiled Trainer, by own time:")
+    print(f"{mode} optimization, steps {FIRST_MARK}-{LAST_MARK} of {STEPS}: plain loop {plain * 1e6:.0f} us a step, "
+          f"Trainer {lightning * 1e6:.0f} us a step; the profiled Trainer ({STEPS} steps), by own time:")
     pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(20)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench.OneLineArgumentParser(description=__doc__.split("\n\n")[0])  # bad input: one line, exit 2
     parser.add_argument("mode", nargs="?", choices=["automatic", "manual"], default="automatic",
                         help="the optimization the profiled Trainer runs")
     parser.add_argument("--timing", action="store_true", help="time the three loops without a profiler")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", choices=["cpu", "cuda"])
+    parser.add_argument("--precision", choices=["fp32", "bf16"])
+    parser.add_argument("--repeats", type=bench.positive_int)
     parser.add_argument("--output-json")
     options = parser.parse_args(argv)
-    if options.timing:
-        timing(options)
-    else:
+    timing_only = [f"--{name.replace('_', '-')}" for name in ("device", "precision", "repeats", "output_json")
+                   if getattr(options, name) is not None]
+    if not options.timing:
+        if timing_only:
+            raise bench.UsageError(f"{', '.join(timing_only)} only with --timing (the profile runs on the CPU)")
         profile(options.mode)
+        return 0
+    options.device, options.precision = options.device or "cpu", options.precision or "fp32"
+    options.repeats = options.repeats or 5
+    probe_checks.check_json_path(options.output_json, "--output-json")
+    if options.device == "cuda" and not torch.cuda.is_available():
+        raise bench.UsageError("--device cuda needs a CUDA GPU and none is visible")
+    timing(options)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    bench.run_guarded(main)

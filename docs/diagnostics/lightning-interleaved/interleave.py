@@ -24,7 +24,6 @@ to the twin only). --cuda-graphs is refused: the uncaptured loop is the question
 """
 import datetime
 import importlib.util
-import json
 import os
 import pathlib
 import platform
@@ -183,11 +182,7 @@ def main(argv=None):
               "torch": torch.__version__, "lightning": twin.package_version("lightning"),
               "gpu": module.gpu_name,
               "summary": summary, "block_times": module.blocks}
-    path = pathlib.Path(options.output_json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(result, indent=1))
-    os.replace(temporary, path)
+    twin.write_json_atomically(options.output_json, result)  # the harness's atomic write
     print(f"Lightning/native, {len(summary['ratios'])} Lightning blocks of {options.block_steps} steps, each "
           f"against the native blocks around it: median {summary['median_ratio']:.3f} (quartiles "
           f"{summary['ratio_quartiles'][0]:.3f}-{summary['ratio_quartiles'][1]:.3f}, 95 % interval of the median "
