@@ -85,15 +85,11 @@ def expect_usage_error(script, argv, rule, output, monkeypatch, capsys):
     return lines[0]
 
 
-def resolve_config(script, argv, env=None, cuda=True, count=8, bf16=True, ddp_world_size=None):
-    """A loaded script's harness config for a command line, as main() resolves it before any GPU work;
-    with ddp_world_size, also its DDP options for that many ranks."""
+def resolve_config(script, argv, env=None, cuda=True, count=8, bf16=True):
+    """A loaded script's config for a command line, as main() resolves it before any GPU work."""
     args = script.parse_arguments(list(argv))
-    config = script.resolve_harness_config(args, script.detect_launch(env or {}), "ddp", cuda, count, bf16)
-    if ddp_world_size is not None:
-        with mock.patch.dict(os.environ):  # --cuda-graphs sets an NCCL variable for the run: not for the tests
-            script.resolve_ddp_options(args, config, ddp_world_size)
-    return config
+    with mock.patch.dict(os.environ):  # --cuda-graphs sets an NCCL variable for the run: not for the tests
+        return script.resolve_harness_config(args, script.detect_launch(env or {}), "ddp", cuda, count, bf16)
 
 
 def one_error_line(stderr):
@@ -141,12 +137,14 @@ def finish(procs, limit_s=90):
     return outputs
 
 
-def launch_by_hand(script, args, world_size=2, timeout=60):
-    """Start the ranks as a launcher would, but with no agent in between, so that a test can signal or
-    kill one rank itself."""
+def launch_by_hand(script, args, world_size=2, timeout=60, per_rank=None, env=None):
+    """Start the ranks as a launcher would, but with no agent in between, so that a test can signal or kill one
+    rank itself, or give one rank other arguments (per_rank: a list of extra arguments for each rank) to cause
+    a real fault: another --lr desynchronises the replicas, a huge --image-size runs out of memory."""
     port = free_port()
     extra = ["--devices", str(world_size)] if script == LIGHTNING else []
-    return [subprocess.Popen([sys.executable, str(script), *args, *extra, "--timeout", str(timeout)],
-                             env=launch_env(script, rank, world_size, port), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    return [subprocess.Popen([sys.executable, str(script), *args, *extra, "--timeout", str(timeout),
+                              *(per_rank[rank] if per_rank else [])],
+                             env={**launch_env(script, rank, world_size, port), **(env or {})},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
             for rank in range(world_size)]
