@@ -72,10 +72,10 @@ def resolve_options(args, config, world_size, UsageError):
     cuda, fp16 = config["device"] == "cuda", config["precision"] == "fp16"
     if not 0 < config["bucket_cap_mb"] <= 1e6:
         raise UsageError("--bucket-cap-mb must be above 0 and at most 1e6")
-    if config["cudnn_benchmark"] and not cuda:
+    if args.cudnn_benchmark and not cuda:
         raise UsageError("--cudnn-benchmark needs --device cuda: it times cuDNN's GPU convolution algorithms")
-    config["cudnn_benchmark"] = cuda and config["cudnn_benchmark"] is not False
-    loss_scale = config.get("loss_scale") or "dynamic"
+    config["cudnn_benchmark"] = cuda and args.cudnn_benchmark is not False
+    loss_scale = getattr(args, "loss_scale", "dynamic")
     if loss_scale != "dynamic":
         try:
             loss_scale = float(loss_scale)
