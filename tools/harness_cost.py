@@ -1,0 +1,123 @@
+"""What the benchmark's timed loop costs: the same training step, in the same process, timed in interleaved blocks
+run bare (a plain loop between two CUDA events) and through the harness (ddp_resnet50.py's per-step work: the loss
+kept, a CUDA event and the host clock after each step, the progress line, the stop agreement).
+
+    python tools/harness_cost.py --blocks 20 --block-steps 25 --output-json cost.json [ddp_resnet50.py options]
+    python tools/harness_cost.py --device cpu --image-size 32 --batch-size-per-device 4 --blocks 2 --block-steps 2
+
+One process (the agreement across ranks is a background all-reduce whose cost shows in multi-GPU runs of the
+benchmark itself). Warm-up: the script's --warmup-steps, then the blocks alternate, bare first, then harness first
+in every other pair. The figure is the harness's throughput over the bare loop's, per pair and pooled over all
+blocks: 1.0 means the harness costs nothing measurable; below 1 is what its per-step work costs.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def load_native():
+    spec = importlib.util.spec_from_file_location("ddp_resnet50", ROOT / "ddp_resnet50.py")
+    native = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(native)
+    return native
+
+
+def parse_arguments(native, argv):
+    tool = argparse.ArgumentParser(description=__doc__.split("\n")[0], add_help=False)
+    tool.add_argument("--blocks", type=int, default=20, help="blocks of each kind, interleaved")
+    tool.add_argument("--block-steps", type=int, default=25, help="training steps per block")
+    tool.add_argument("--output-json", help="write the blocks' times and the ratios here")
+    own, rest = tool.parse_known_args(argv)
+    if own.blocks < 1 or own.block_steps < 2:
+        raise native.UsageError("--blocks must be at least 1 and --block-steps at least 2")
+    if own.output_json and not os.access(os.path.dirname(os.path.abspath(own.output_json)) or ".", os.W_OK):
+        raise native.UsageError(f"--output-json {own.output_json}: its folder cannot be written")
+    if {"-h", "--help"} & set(rest):
+        tool.print_help()
+    unused = os.path.join(tempfile.mkdtemp(prefix="harness-cost-"), "unused.json")  # nothing is written there
+    return own, native.parse_arguments([*rest, "--output", unused])
+
+
+def timed_block(run, step, steps, through_harness):
+    """GPU milliseconds from the block's first step to its last, the device idle before it (host clock on the CPU)."""
+    cuda = run.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(run.device)
+    if through_harness:  # the benchmark's own loop over a fresh timed window of `steps` steps
+        run.config.update(warmup_steps=0, steps=steps)
+        run.losses, run.marks, run.record = [], [], {"rank": 0, "steps_run": 0, "signal": 0}
+        run.events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] if cuda else []
+        for index in range(steps):
+            run.before_step(index)
+            run.after_step(index, step())
+        if cuda:
+            torch.cuda.synchronize(run.device)
+            return run.events[0].elapsed_time(run.events[steps])
+        return (run.marks[-1] - run.marks[0]) * 1e3
+    start, end = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else (None, None)
+    began = time.perf_counter()
+    if cuda:
+        start.record()
+    for _ in range(steps):
+        step()
+    if cuda:
+        end.record()
+        torch.cuda.synchronize(run.device)
+        return start.elapsed_time(end)
+    return (time.perf_counter() - began) * 1e3
+
+
+def main(argv=None):
+    native = load_native()
+    own, args = parse_arguments(native, sys.argv[1:] if argv is None else argv)
+    cuda = args.device == "cuda" and torch.cuda.is_available()
+    count = torch.cuda.device_count() if cuda else 0
+    launch = native.detect_launch({})
+    config = native.resolve_harness_config(args, launch, "ddp", cuda, count, cuda and torch.cuda.is_bf16_supported())
+    config.update(model="resnet50", optimizer="sgd",
+                  optimizer_impl="fused" if cuda and not config["grad_scaler"] else "foreach")
+    recorded, run = dict(config), native.Run(config, launch, count)
+    run.meet()
+    step, _ = native.build_step(run)
+    for _ in range(config["warmup_steps"]):  # the script's warm-up (a CUDA graph's capture is its last step)
+        step()
+    blocks = []
+    for pair in range(own.blocks):
+        order = (False, True) if pair % 2 == 0 else (True, False)
+        times = {harness: timed_block(run, step, own.block_steps, harness) for harness in order}
+        blocks.append({"bare_ms": times[False], "harness_ms": times[True], "harness_first": order[0]})
+    ratios = [b["bare_ms"] / b["harness_ms"] for b in blocks]
+    summary = {"tool": "harness_cost", "config": recorded, "blocks": own.blocks, "block_steps": own.block_steps,
+               "block_times": blocks, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+               "ratio_max": max(ratios), "ratio_pooled": sum(b["bare_ms"] for b in blocks) /
+               sum(b["harness_ms"] for b in blocks), "software": run.result["software"],
+               "git": run.result["git"], "hardware": run.hardware}
+    print(f"harness / bare throughput: pooled {summary['ratio_pooled']:.4f}, median {summary['ratio_median']:.4f} "
+          f"(min {summary['ratio_min']:.4f}, max {summary['ratio_max']:.4f}) over {own.blocks} pairs of "
+          f"{own.block_steps} steps", flush=True)
+    if own.output_json:
+        temporary = f"{own.output_json}.{os.getpid()}.tmp"
+        with open(temporary, "w") as stream:
+            json.dump(summary, stream, indent=1)
+        os.replace(temporary, own.output_json)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception as error:  # noqa: BLE001 - bad input is one line
+        if type(error).__name__ != "UsageError":
+            raise
+        print(f"harness_cost.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
