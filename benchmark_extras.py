@@ -75,7 +75,7 @@ def resolve_options(args, config, world_size, UsageError):
     if config["cudnn_benchmark"] and not cuda:
         raise UsageError("--cudnn-benchmark needs --device cuda: it times cuDNN's GPU convolution algorithms")
     config["cudnn_benchmark"] = cuda and config["cudnn_benchmark"] is not False
-    loss_scale = config.get("loss_scale") or "dynamic"
+    loss_scale = getattr(args, "loss_scale", None) or "dynamic"  # the option: config holds the default
     if loss_scale != "dynamic":
         try:
             loss_scale = float(loss_scale)

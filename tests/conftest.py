@@ -141,12 +141,14 @@ def finish(procs, limit_s=90):
     return outputs
 
 
-def launch_by_hand(script, args, world_size=2, timeout=60):
+def launch_by_hand(script, args, world_size=2, timeout=60, rank_args=None):
     """Start the ranks as a launcher would, but with no agent in between, so that a test can signal or
-    kill one rank itself."""
+    kill one rank itself. rank_args: {rank: further arguments of that rank only} (a real fault, such as a
+    different --lr on one rank)."""
     port = free_port()
     extra = ["--devices", str(world_size)] if script == LIGHTNING else []
-    return [subprocess.Popen([sys.executable, str(script), *args, *extra, "--timeout", str(timeout)],
+    return [subprocess.Popen([sys.executable, str(script), *args, *extra, "--timeout", str(timeout),
+                              *(rank_args or {}).get(rank, [])],
                              env=launch_env(script, rank, world_size, port), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, cwd=ROOT)
             for rank in range(world_size)]
