@@ -83,7 +83,8 @@ def test_one_process_smoke_run(tmp_path):
 
 def test_a_rank_with_another_learning_rate_is_a_desync(tmp_path):
     output = tmp_path / "desync.json"
-    procs = launch_by_hand(LIGHTNING, [*SMALL, "--steps", "2", "--output", str(output)], rank_args={1: ["--lr", "0.02"]})
+    procs = launch_by_hand(LIGHTNING, [*SMALL, "--steps", "2", "--output", str(output)],
+                           rank_args={1: ["--lr", "0.02"]})  # the last --lr counts
     (code, _, err), _ = finish(procs)
     assert code == 3, err[-2000:]
     result = read_result(output)
