@@ -137,14 +137,14 @@ def finish(procs, limit_s=90):
     return outputs
 
 
-def launch_by_hand(script, args, world_size=2, timeout=60, per_rank=None, env=None):
+def launch_by_hand(script, args, world_size=2, timeout=60, rank_args=None, env=None):
     """Start the ranks as a launcher would, but with no agent in between, so that a test can signal or kill one
-    rank itself, or give one rank other arguments (per_rank: a list of extra arguments for each rank) to cause
-    a real fault: another --lr desynchronises the replicas, a huge --image-size runs out of memory."""
+    rank itself. rank_args: {rank: further arguments of that rank only}, for a real fault: another --lr
+    desynchronises the replicas, a huge --image-size runs out of memory."""
     port = free_port()
     extra = ["--devices", str(world_size)] if script == LIGHTNING else []
     return [subprocess.Popen([sys.executable, str(script), *args, *extra, "--timeout", str(timeout),
-                              *(per_rank[rank] if per_rank else [])],
+                              *(rank_args or {}).get(rank, [])],
                              env={**launch_env(script, rank, world_size, port), **(env or {})},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
             for rank in range(world_size)]

@@ -120,10 +120,8 @@ def test_out_of_memory_gives_status_oom_named_by_rank_zero(tmp_path, script, fau
     """One rank's images are far too large for the machine's memory: a real out-of-memory on the CPU, which rank 0
     names (the failing rank records its reason where the others find it)."""
     output = tmp_path / "oom.json"
-    per_rank = [[], []]
-    per_rank[fault_rank] = ["--image-size", "100000"]
     procs = launch_by_hand(script, [*SMALL, *script_args(script), "--output", str(output)], timeout=30,
-                           per_rank=per_rank)
+                           rank_args={fault_rank: ["--image-size", "100000"]})
     outputs = finish(procs)
     assert outputs[fault_rank][0] == 4, outputs  # the rank that ran out of memory exits with 4
     assert all(code != 0 for code, _, _ in outputs)

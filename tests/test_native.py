@@ -85,7 +85,7 @@ def test_single_process_plain_python(tmp_path):
 def test_replicas_that_drift_apart_are_a_desync(tmp_path):
     """Rank 1 given another learning rate: the replicas really differ after the steps."""
     output = tmp_path / "desync.json"
-    procs = launch_by_hand(NATIVE, [*SMALL, "--output", str(output)], per_rank=[[], ["--lr", "0.02"]])
+    procs = launch_by_hand(NATIVE, [*SMALL, "--output", str(output)], rank_args={1: ["--lr", "0.02"]})
     (code, _, err), (code1, _, _) = finish(procs)
     assert (code, code1) == (3, 0), err
     result = read_result(output)
