@@ -1,8 +1,9 @@
-"""report.py on real result files: tables, plots, the regression check, the README section and bad inputs.
+"""report.py on real result files: tables, plots, the regression check, the generated Markdown file (docs/results.md)
+and bad inputs.
 
 The fixtures under tests/fixtures/results/ were written by ddp_resnet50.py, lightning/ddp_resnet50.py and
-oss_benchmark.py in CPU runs (tests/fixtures/make_report_fixtures.sh). No benchmark runs here: every test
-reads files.
+oss_benchmark.py in CPU runs, the one under tests/fixtures/harness-results/ by the current harness
+(tests/fixtures/make_report_fixtures.sh). No benchmark runs here: every test reads files.
 """
 import copy
 import json
@@ -17,6 +18,8 @@ from conftest import ROOT, clean_env, load_script, one_error_line, read_result
 
 REPORT = ROOT / "report.py"
 FIXTURES = ROOT / "tests" / "fixtures" / "results"
+# A result of the current harness: its stability verdict, its memory window, every DDP option and --timeout recorded.
+HARNESS_RESULT = ROOT / "tests" / "fixtures" / "harness-results" / "native-weak-1proc.json"
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +91,35 @@ def test_fixtures_are_real_results_of_the_schema():
         assert result["benchmark"] == benchmark and result["config"]["device"] == "cpu"
     assert fixture("native-desync-2proc")["status"] == "desync" and fixture("oss-fsdp_zero3-oom")["status"] == "oom"
     assert fixture("oss-fsdp_zero3-oom")["hardware"] is None  # it failed before it looked at its hardware
+    harness = read_result(HARNESS_RESULT)
+    assert set(harness["stability"]) == {"second_half_over_first", "host_lead_ms_median", "host_ahead", "noisy",
+                                         "reason"}
+    assert harness["memory"]["window"] and harness["config"]["timeout"] == harness["config"]["timeout_s"]
+
+
+def test_committed_results_and_new_fields_follow_the_schema():
+    """Every committed result still validates (older ones lack the new fields); the new fields' values are checked."""
+    import jsonschema
+    from conftest import SCHEMA
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    files = sorted((ROOT / "results").rglob("*.json"))
+    assert len(files) > 100
+    for path in files:
+        errors = list(validator.iter_errors(json.loads(path.read_text())))
+        assert not errors, f"{path}: {errors[0].message[:300]}"
+    new = json.loads(HARNESS_RESULT.read_text())
+    lightning = fixture("lightning-weak-1proc")
+    assert validator.is_valid(new) and validator.is_valid(lightning)
+    for variant in ("stock", "matched"):
+        lightning["config"]["lightning_variant"] = variant
+        assert validator.is_valid(lightning)
+    lightning["config"]["lightning_variant"] = "tuned"
+    assert not validator.is_valid(lightning)
+    for broken in ({"memory": {**new["memory"], "window": ""}}, {"stability": {**new["stability"], "noisy": "yes"}},
+                   {"stability": {key: value for key, value in new["stability"].items() if key != "reason"}},
+                   {"config": {**new["config"], "timeout": 0}}):
+        assert not validator.is_valid({**new, **broken}), broken
+    assert validator.is_valid({**new, "stability": None})
 
 
 def test_markdown_table_aggregates_repeats_and_marks_failures():
@@ -149,7 +181,8 @@ def test_lightning_table_pairs_the_twins_of_one_configuration():
     pairs = [("1", rate("native-weak-1proc"), rate("lightning-weak-1proc")),
              ("2", native_two, rate("lightning-weak-2proc"))]
     # The desync run and the strong-scaling runs have no Lightning twin and stay out.
-    assert rows == [[size, "per device", "4", "ddp", shown(native), "lightning_ddp", shown(lightning),
+    # Results from before the variant was recorded ran the matched one.
+    assert rows == [[size, "per device", "4", "ddp", shown(native), "lightning_ddp", "matched", shown(lightning),
                      f"{lightning / native:.2f}×", "n/a", "n/a", "–"] for size, native, lightning in pairs]
 
 
@@ -204,7 +237,7 @@ def test_markdown_file_output(tmp_path):
     out = tmp_path / "report.md"
     proc = run_report(FIXTURES, "--markdown", out)
     assert proc.returncode == 0 and proc.stdout.strip() == f"wrote {out}"
-    assert out.read_text().startswith("# Benchmark report\n") and "**Weak scaling**" in out.read_text()
+    assert out.read_text().startswith("# Benchmark results\n") and "**Weak scaling**" in out.read_text()
 
 
 # ---------------------------------------------------------------------------- plots
@@ -261,7 +294,7 @@ def test_check_fails_on_a_memory_rise_beyond_the_tolerance(tmp_path):
     current = write(tmp_path / "current" / "current.json", with_memory(fixture("native-weak-1proc"), 1100.0))
     proc = run_report(current, "--check-against", reference, "--tolerance", "0.05")
     assert proc.returncode == 1
-    assert "peak memory rose 10.0% (1,000 -> 1,100 MiB), more than 5.0%" in proc.stdout
+    assert "peak memory rose 10.0% (1,000 -> 1,100 MiB, timed steps), more than 5.0%" in proc.stdout
     assert run_report(current, "--check-against", reference, "--tolerance", "10.5%").returncode == 0
 
 
@@ -364,12 +397,9 @@ def test_files_that_are_not_results_are_skipped_with_one_warning_each(tmp_path):
     (["{fixtures}", "--check-against", "/no/such/reference"],
      "report.py: error: /no/such/reference: no such file or folder"),
     (["{fixtures}", "--check-against", "{empty}"], "report.py: error: --check-against {empty}: no result files"),
-    (["{fixtures}", "--check-readme", "{empty}/README.md"], "report.py: error: {empty}/README.md: cannot be read "
-                                                              "(FileNotFoundError: [Errno 2] No such file or "
-                                                              "directory: '{empty}/README.md')"),
-    (["{fixtures}", "--update-readme", "{fixtures}/../make_report_fixtures.sh"],
-     "report.py: error: {fixtures}/../make_report_fixtures.sh: needs exactly one '<!-- report:begin -->' "
-     "followed by one '<!-- report:end -->'"),
+    (["{fixtures}", "--check-markdown", "{empty}/results.md"],
+     "report.py: error: --check-markdown {empty}/results.md: cannot be read (No such file or directory)"),
+    (["{fixtures}", "--update-readme", "README.md"], "report.py: error: unrecognized arguments: --update-readme README.md"),
     ([], "report.py: error: the following arguments are required: PATH"),
     (["{fixtures}", "--check-against", "{fixtures}", "--tolerance", ""],
      "report.py: error: --tolerance '': write a percentage (5%) or a fraction (0.05)"),
@@ -388,43 +418,41 @@ def test_unusable_invocations_exit_2_with_one_line(tmp_path, args, message):
     assert not list(empty.iterdir())  # an unusable reference stops the run before anything is written
 
 
-# ---------------------------------------------------------------------------- README section
+# ---------------------------------------------------------------------------- the generated Markdown file
 
-def test_committed_readme_agrees_with_the_report_of_results():
-    proc = run_report("results", "--check-readme", "README.md")
-    assert proc.returncode == 0, (proc.stderr + "\nrun: python report.py results --update-readme README.md")
-    assert proc.stdout.strip() == "README.md: the results section agrees with the report"
+def test_committed_results_markdown_agrees_with_the_report_of_results():
+    proc = run_report("results", "--check-markdown", "docs/results.md")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "docs/results.md: agrees with the report of results"
 
 
-def test_readme_update_replaces_only_the_section_and_check_sees_staleness(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("# Title\n\nintro\n\n<!-- report:begin -->\nold text\n<!-- report:end -->\n\noutro\n")
+def test_markdown_file_is_the_same_wherever_made_and_check_sees_staleness(tmp_path):
     results = tmp_path / "results" / "cpu-2026-11-29"
     for name in ("native-weak-1proc", "native-weak-2proc-a"):
         write(results / f"{name}.json", fixture(name))
-    stale = run_report("results", "--check-readme", "README.md", cwd=tmp_path)
-    assert stale.returncode == 1 and "--update-readme README.md" in stale.stderr
-    assert run_report("results", "--update-readme", "README.md", cwd=tmp_path).returncode == 0
-    text = readme.read_text()
-    assert text.startswith("# Title\n\nintro\n\n<!-- report:begin -->\n<!-- generated by `python report.py results "
-                           "--update-readme README.md`")
-    assert text.endswith("\n<!-- report:end -->\n\noutro\n") and "old text" not in text
-    assert "### CPU (" in text and "Results from `results/cpu-2026-11-29` (2 files)." in text
-    # The same section whichever way the folder is named and wherever the command runs.
-    again = run_report(tmp_path / "results", "--check-readme", readme, cwd=ROOT)
+    assert run_report("results", "--markdown", "results.md", cwd=tmp_path).returncode == 0
+    text = (tmp_path / "results.md").read_text()
+    # Paths relative to the file's folder where it lies outside the repository, as this one does (inside it, relative
+    # to the repository: docs/results.md names results/).
+    assert text.startswith("# Benchmark results\n\n<!-- generated by `python report.py results --markdown "
+                           "results.md`: edit the results, not this file -->\n\n")
+    assert "\n## CPU (" in text and "Results from `results/cpu-2026-11-29` (2 files)." in text
+    # The same file whichever way the folder is named and wherever the command runs.
+    again = run_report(tmp_path / "results", "--check-markdown", tmp_path / "results.md", cwd=ROOT)
     assert again.returncode == 0, again.stderr
-    assert run_report("results", "--update-readme", "README.md", cwd=tmp_path).stdout.strip() == \
-        "README.md: results section already up to date"
-    assert readme.read_text() == text
+    write(results / "native-weak-2proc-b.json", fixture("native-weak-2proc-b"))
+    stale = run_report("results", "--check-markdown", "results.md", cwd=tmp_path)
+    assert stale.returncode == 1 and stale.stdout == ""
+    assert one_error_line(stale.stderr) == ["results.md: differs from the report of results: run python report.py "
+                                            "results --markdown results.md"]
+    assert (tmp_path / "results.md").read_text() == text  # a check writes nothing
 
 
-def test_readme_section_without_results_says_so(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("<!-- report:begin -->\n<!-- report:end -->\n")
+def test_markdown_file_without_results_says_so(tmp_path):
     (tmp_path / "results").mkdir()
-    assert run_report("results", "--update-readme", "README.md", cwd=tmp_path).returncode == 0
-    assert "No results committed yet" in readme.read_text()
-    assert run_report("results", "--check-readme", "README.md", cwd=tmp_path).returncode == 0
+    assert run_report("results", "--markdown", "results.md", cwd=tmp_path).returncode == 0
+    assert "No results committed yet" in (tmp_path / "results.md").read_text()
+    assert run_report("results", "--check-markdown", "results.md", cwd=tmp_path).returncode == 0
 
 
 def test_compiled_ddp_mode_is_read_from_what_each_script_does(report):
@@ -470,6 +498,19 @@ def test_cudnn_benchmark_limit_is_pytorchs_default_where_a_result_recorded_none(
     assert report.effective_options({"cudnn_benchmark": False}, report.NATIVE, 1)["cudnn_benchmark_limit"] is None
     assert report.effective_options({"cudnn_benchmark": True, "cudnn_benchmark_limit": 0}, report.NATIVE,
                                     1)["cudnn_benchmark_limit"] == 0
+    # The current harness records null: it leaves PyTorch's limit as it is.
+    assert report.effective_options({"cudnn_benchmark": True, "cudnn_benchmark_limit": None}, report.NATIVE,
+                                    1)["cudnn_benchmark_limit"] == 10
+
+
+def test_ddp_options_and_loss_scale_are_the_defaults_where_a_result_recorded_none(report):
+    """Results from before --broadcast-buffers and --loss-scale ran DDP's buffer broadcast and, in fp16, the dynamic
+    GradScaler, which is what the current harness records for a run without those options."""
+    assert report.effective_options({}, report.OSS, 2)["broadcast_buffers"] is True
+    assert report.effective_options({"broadcast_buffers": False}, report.OSS, 2)["broadcast_buffers"] is False
+    assert report.effective_options({"grad_scaler": True}, report.NATIVE, 1)["loss_scale"] == "dynamic"
+    assert report.effective_options({"grad_scaler": False}, report.NATIVE, 1)["loss_scale"] is None
+    assert report.effective_options({"loss_scale": 1024.0}, report.NATIVE, 1)["loss_scale"] == 1024.0
 
 
 def test_stem_and_batch_norm_are_torchvisions_where_a_result_recorded_none(report):
@@ -482,7 +523,8 @@ def test_stem_and_batch_norm_are_torchvisions_where_a_result_recorded_none(repor
     recorded = {"stem_conv": "space_to_depth", "max_pool_backward": "dense", "batch_norm": "sums"}
     assert report.effective_options(recorded, report.NATIVE, 1) == {**recorded, "comm_hook": "none",
                                                                     "coordinate_descent_tuning": False,
-                                                                    "cudnn_benchmark_limit": None}
+                                                                    "cudnn_benchmark_limit": None,
+                                                                    "broadcast_buffers": True, "loss_scale": None}
     assert "stem_conv" not in report.effective_options({}, report.OSS, 2)
     assert "batch_norm" not in report.effective_options({}, report.OSS, 2)
 
