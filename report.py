@@ -565,7 +565,7 @@ def format_status(row):
 def noisy_notes(rows):
     """One footnote per noisy result of the rows: why its stability says one run is not enough."""
     return [f"- {NOISY}: `{run['path'].name}`: {run['noisy_reason'] or 'unsteady'}"
-            for row in rows for run in row["noisy"]]
+            for row in rows if row["status"] == "ok" for run in row["noisy"]]
 
 
 def unit_of(config):
@@ -616,7 +616,7 @@ def sources_text(rows, base):
 
 
 def display_path(path, base):
-    """Relative to base where the path lies under it (the repository or a Markdown file's folder, or the current one)."""
+    """Relative to base where the path lies under it (the repository, a Markdown file's folder or the current one)."""
     path = pathlib.Path(path).resolve()
     return (path.relative_to(base).as_posix() or ".") if path.is_relative_to(base) else path.as_posix()
 
@@ -677,7 +677,7 @@ def lightning_table(rows, varying):
     # Memory side by side over the window both measured; a pair without one shows each figure with its window.
     shared = [common_window(native, lightning) for native, lightning in pairs]
     windows = windows_of([row for pair in pairs for row in pair])
-    named = len(windows) > 1 or (windows and None in shared)
+    named = len(windows) > 1 or bool(windows) and None in shared
     for (native, lightning), window in zip(pairs, shared):
         config = lightning["config"]
         native_mib, lightning_mib = peak_mib(native, window), peak_mib(lightning, window)
@@ -1018,7 +1018,9 @@ def markdown_document(runs, out, inputs):
 def parse_arguments(argv=None):
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", metavar="PATH", help="result files or folders (searched recursively)")
-    parser.add_argument("--markdown", metavar="OUT.md", help="write the Markdown report here (default: stdout)")
+    parser.add_argument("--markdown", metavar="OUT.md", help="write the Markdown report to this file, its paths "
+                                                             "relative to the repository (to the file's folder outside "
+                                                             "it); default: stdout")
     parser.add_argument("--plots", metavar="DIR", help="write PNG plots into this folder (needs matplotlib)")
     parser.add_argument("--check-against", metavar="REF", help="reference result file or folder: exit 1 on a "
                                                                "regression")

@@ -74,6 +74,28 @@ def rank0_text(name):
     return f"{shown(median)} ± {shown(throughput['rank0_mad_images_per_second'], like=median)}"
 
 
+def harness(field):
+    """A block of what the current harness writes (its stability verdict, its memory section)."""
+    return copy.deepcopy(json.loads(HARNESS_RESULT.read_text())[field])
+
+
+NEW_WINDOW = harness("memory")["window"]  # the current harness's memory window (older results: the timed steps)
+
+
+def in_window(result, window=NEW_WINDOW):
+    """A result whose peak memory was taken over the current harness's window."""
+    result = copy.deepcopy(result)
+    result["memory"]["window"] = window
+    return result
+
+
+def noisy(result, reason="halves differ"):
+    """A result whose stability, as the current harness writes it, says one run is not enough."""
+    result = copy.deepcopy(result)
+    result["stability"] = {**harness("stability"), "noisy": True, "reason": reason}
+    return result
+
+
 SHARDING = ["ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "fsdp_zero2", "fsdp_zero3"]  # what gloo can run
 
 
@@ -240,6 +262,85 @@ def test_markdown_file_output(tmp_path):
     assert out.read_text().startswith("# Benchmark results\n") and "**Weak scaling**" in out.read_text()
 
 
+def test_noisy_results_are_marked_and_repeats_still_aggregated(tmp_path):
+    write(tmp_path / "one.json", noisy(fixture("native-weak-1proc")))
+    write(tmp_path / "a.json", noisy(fixture("native-weak-2proc-a"), "halves differ, host-bound"))
+    write(tmp_path / "b.json", fixture("native-weak-2proc-b"))
+    write(tmp_path / "steady.json", fixture("native-strong-1proc"))
+    write(tmp_path / "lightning.json", fixture("lightning-weak-1proc"))
+    markdown = run_report(tmp_path).stdout
+    rows = [row for row in table_rows(markdown, "All configurations") if row[0] == "ddp_resnet50.py"]
+    assert [(row[2], row[3], row[9], row[11]) for row in rows] == [
+        ("1", "global", "1", "ok"), ("1", "per device", "1", "ok, noisy: repeat or interleave"),
+        ("2", "per device", "2", "ok, 1 of 2 runs noisy: repeat or interleave")]
+    [pair] = table_rows(markdown, "Lightning against native DDP")
+    assert pair[8] == f"{rate('lightning-weak-1proc') / rate('native-weak-1proc'):.2f}× (noisy: repeat or interleave)"
+    assert rows[2][7] == shown(statistics.median([rate("native-weak-2proc-a"), rate("native-weak-2proc-b")]))
+    assert ("- noisy: repeat or interleave: `one.json`: halves differ\n"
+            "- noisy: repeat or interleave: `a.json`: halves differ, host-bound") in markdown
+    # A regression found in a noisy run says that it may be noise.
+    slower = noisy(fixture("native-weak-1proc"))
+    slower["throughput"]["images_per_second"] *= 0.5
+    proc = run_report(write(tmp_path / "current" / "slower.json", slower), "--check-against",
+                      FIXTURES / "native-weak-1proc.json")
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[0].endswith(", 32 px, fp32 (noisy: repeat or interleave: halves differ)")
+
+
+def test_peak_memory_of_different_windows_is_not_pooled_and_says_its_window(tmp_path):
+    write(tmp_path / "a.json", with_memory(fixture("native-weak-2proc-a"), 1000.0))
+    write(tmp_path / "b.json", in_window(with_memory(fixture("native-weak-2proc-b"), 1200.0)))
+    write(tmp_path / "one.json", with_memory(fixture("native-weak-1proc"), 900.0))
+    write(tmp_path / "lightning-one.json", in_window(with_memory(fixture("lightning-weak-1proc"), 990.0)))
+    write(tmp_path / "lightning-two.json", with_memory(fixture("lightning-weak-2proc"), 1100.0))
+    markdown = run_report(tmp_path).stdout
+    assert "| Throughput (img/s) | Peak memory (MiB) | runs |" in markdown  # the column mixes windows
+    rows = table_rows(markdown, "All configurations")
+    assert [(row[0], row[2], row[8], row[9]) for row in rows] == [
+        ("ddp_resnet50.py", "1", "900 (timed steps)", "1"),
+        ("ddp_resnet50.py", "2", "1,200 (every step after the first); 1,000 (timed steps)", "2"),
+        ("lightning/ddp_resnet50.py", "1", "990 (every step after the first)", "1"),
+        ("lightning/ddp_resnet50.py", "2", "1,100 (timed steps)", "1")]
+    # Lightning against native: over the window both measured, else each figure with its own and no ratio.
+    assert [row[9:] for row in table_rows(markdown, "Lightning against native DDP")] == [
+        ["900 (timed steps)", "990 (every step after the first)", "–"],
+        ["1,000 (timed steps)", "1,100 (timed steps)", "1.10×"]]
+    # Sharding: memory saved only against a ddp baseline of the same window.
+    write(tmp_path / "oss" / "oss-ddp.json", with_memory(fixture("oss-ddp"), 9000.0))
+    write(tmp_path / "oss" / "oss-zero1.json", in_window(with_memory(fixture("oss-zero1"), 7000.0)))
+    write(tmp_path / "oss" / "oss-oss_ddp.json", with_memory(fixture("oss-oss_ddp"), 7000.0))
+    rows = table_rows(run_report(tmp_path / "oss").stdout, "Sharding strategies")
+    assert [(row[2], row[6], row[7]) for row in rows] == [
+        ("ddp", "9,000 (timed steps)", "baseline"), ("oss_ddp", "7,000 (timed steps)", "2,000 MiB (22.2 %)"),
+        ("zero1", "7,000 (every step after the first)", "– (other memory window)")]
+    # One window throughout: the column's title names it.
+    single = run_report(tmp_path / "oss" / "oss-ddp.json").stdout
+    assert "| Throughput (img/s) | Peak memory (MiB, timed steps) | runs |" in single
+
+
+def test_lightning_variants_are_shown_and_kept_apart(tmp_path):
+    for name in ("native-weak-1proc", "native-weak-2proc-a", "lightning-weak-1proc", "lightning-weak-2proc"):
+        write(tmp_path / f"{name}.json", fixture(name))
+    stock, matched = fixture("lightning-weak-2proc"), fixture("lightning-weak-2proc")
+    stock["config"]["lightning_variant"], matched["config"]["lightning_variant"] = "stock", "matched"
+    write(tmp_path / "lightning-stock.json", stock)
+    write(tmp_path / "lightning-matched.json", matched)
+    markdown = run_report(tmp_path).stdout
+    # A result that recorded no variant ran the matched one: it pools with one that says so, not with stock.
+    lightning = [row for row in table_rows(markdown, "All configurations") if row[0] == "lightning/ddp_resnet50.py"]
+    assert [(row[1], row[2], row[9]) for row in lightning] == [
+        ("lightning_ddp (lightning_variant=matched)", "1", "1"),
+        ("lightning_ddp (lightning_variant=matched)", "2", "2"), ("lightning_ddp (lightning_variant=stock)", "2", "1")]
+    pairs = table_rows(markdown, "Lightning against native DDP")
+    assert [(row[0], row[6], row[7]) for row in pairs] == [
+        ("1", "matched", shown(rate("lightning-weak-1proc"))), ("2", "matched", shown(rate("lightning-weak-2proc"))),
+        ("2", "stock", shown(rate("lightning-weak-2proc")))]
+    reference = FIXTURES / "lightning-weak-2proc.json"
+    assert run_report(tmp_path / "lightning-matched.json", "--check-against", reference).returncode == 0
+    proc = run_report(tmp_path / "lightning-stock.json", "--check-against", reference)
+    assert proc.returncode == 2 and "incomparable" in proc.stderr
+
+
 # ---------------------------------------------------------------------------- plots
 
 def test_plots_are_written_as_png(tmp_path):
@@ -328,6 +429,46 @@ def test_check_reports_results_without_a_reference_and_refuses_an_incomparable_o
     assert line.startswith("report.py: error: incomparable: no result in ")
 
 
+def test_check_compares_peak_memory_only_over_the_same_window(tmp_path):
+    current = write(tmp_path / "current.json", in_window(with_memory(fixture("native-weak-1proc"), 1500.0)))
+    timed = write(tmp_path / "timed" / "reference.json", with_memory(fixture("native-weak-1proc"), 1000.0))
+    proc = run_report(current, "--check-against", timed, "--tolerance", "5%")
+    assert proc.returncode == 0 and proc.stdout.startswith("check passed: 1 result within 5.0% of ")
+    assert one_error_line(proc.stderr) == [
+        f"report.py: note: {current}: peak memory not compared: the memory windows differ (here: every step after "
+        "the first; reference: timed steps)"]
+    # A reference of the same window as well: that one is compared.
+    write(tmp_path / "timed" / "same-window.json", in_window(with_memory(fixture("native-weak-1proc"), 1000.0)))
+    proc = run_report(current, "--check-against", tmp_path / "timed", "--tolerance", "5%")
+    assert proc.returncode == 1
+    assert "peak memory rose 50.0% (1,000 -> 1,500 MiB, every step after the first), more than 5.0%" in proc.stdout
+
+
+def test_a_current_harness_run_finds_its_committed_reference(tmp_path, native, report):
+    """A default one-GPU run as the current harness records it (its config resolved by the script itself, before any
+    GPU work; the figures of a committed run) is checked against the committed results of that configuration:
+    --timeout, the DDP options now always recorded and a null cuDNN limit do not make it another configuration,
+    and its peak memory, taken over more steps, is not compared with theirs."""
+    args = native.parse_arguments(["--output", str(tmp_path / "run.json")])
+    config = native.resolve_harness_config(args, native.detect_launch({}), native.STRATEGY, True, 1, True)
+    config.update(model="resnet50", optimizer="sgd", optimizer_impl="fused")  # as main() does on a GPU, not in fp16
+    assert config["timeout"] == 300 and config["cudnn_benchmark_limit"] is None and config["broadcast_buffers"]
+    result = json.loads((ROOT / "results" / "nvidia-h200-x2-2026-11-30e" / "s10-native-1gpu-bf16-256-a.json")
+                        .read_text())
+    result.update(config=config, stability=harness("stability"))
+    result["memory"].update(window=NEW_WINDOW, peak_allocated_mib=result["memory"]["peak_allocated_mib"] * 2)
+    result["throughput"]["images_per_second"] *= 1.5  # a rise is never a regression: the tolerance is not the point
+    path = write(tmp_path / "run.json", result)
+    proc = run_report(path, "--check-against", "results", "--tolerance", "2%")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("check passed: 1 result within 2.0% of results")
+    assert "peak memory not compared: the memory windows differ" in proc.stderr
+    # In the report it is one more repeat of the committed configuration.
+    [row] = [row for row in report.aggregate(report.load_runs(["results", path]))
+             if path in [run["path"] for run in row["runs"]]]
+    assert len(row["runs"]) > 1
+
+
 @pytest.mark.parametrize("tolerance", ["5", "-1%", "150%", "five", "nan"])
 def test_bad_tolerances_are_refused(tolerance):
     proc = run_report(FIXTURES, "--check-against", FIXTURES, f"--tolerance={tolerance}")
@@ -390,6 +531,26 @@ def test_files_that_are_not_results_are_skipped_with_one_warning_each(tmp_path):
         "(config.batch_mode is missing)"])
 
 
+def test_inputs_that_are_all_invalid_are_named_in_one_line(tmp_path):
+    broken = tmp_path / "broken"
+    (broken / "notes.json").parent.mkdir()
+    (broken / "notes.json").write_text("not json at all")
+    write(broken / "other.json", {"hello": "world"})
+    expected = (f"{broken}: no valid result file, 2 files skipped as invalid ({broken / 'notes.json'}: not JSON "
+                f"(Expecting value: line 1 column 1 (char 0)); {broken / 'other.json'}: not a benchmark result (no "
+                "schema_version))")
+    proc = run_report(broken)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert one_error_line(proc.stderr) == [f"report.py: error: {expected}"]
+    proc = run_report(FIXTURES / "native-weak-1proc.json", "--check-against", broken)
+    assert proc.returncode == 2 and one_error_line(proc.stderr) == [f"report.py: error: --check-against {expected}"]
+    for index in range(3):
+        write(broken / f"more-{index}.json", [index])
+    [line] = one_error_line(run_report(broken).stderr)
+    assert line.startswith(f"report.py: error: {broken}: no valid result file, 5 files skipped as invalid (")
+    assert line.endswith("; 2 more)")
+
+
 @pytest.mark.parametrize("args, message", [
     (["/no/such/folder"], "report.py: error: /no/such/folder: no such file or folder"),
     (["{empty}"], "report.py: error: no result files in {empty}"),
@@ -399,7 +560,8 @@ def test_files_that_are_not_results_are_skipped_with_one_warning_each(tmp_path):
     (["{fixtures}", "--check-against", "{empty}"], "report.py: error: --check-against {empty}: no result files"),
     (["{fixtures}", "--check-markdown", "{empty}/results.md"],
      "report.py: error: --check-markdown {empty}/results.md: cannot be read (No such file or directory)"),
-    (["{fixtures}", "--update-readme", "README.md"], "report.py: error: unrecognized arguments: --update-readme README.md"),
+    (["{fixtures}", "--update-readme", "{empty}/README.md"],
+     "report.py: error: unrecognized arguments: --update-readme {empty}/README.md"),
     ([], "report.py: error: the following arguments are required: PATH"),
     (["{fixtures}", "--check-against", "{fixtures}", "--tolerance", ""],
      "report.py: error: --tolerance '': write a percentage (5%) or a fraction (0.05)"),
