@@ -3,36 +3,45 @@
     python report.py results/                                   # Markdown report on stdout
     python report.py results/ runs/ --markdown report.md --plots plots/
     python report.py runs/ci.json --check-against results/nvidia-h200-x8-2026-11-30 --tolerance 5%
-    python report.py results --update-readme README.md          # rewrite the README's results section
-    python report.py results --check-readme README.md           # exit 1 when that section is stale
+    python report.py results --markdown docs/results.md         # regenerate the committed report
+    python report.py results --check-markdown docs/results.md   # exit 1 when that file is stale
 
 Inputs are result files or folders, searched recursively for *.json (hidden files, such as a run's
 half-written .tmp-*.json, are left out). A file that cannot be read, is not JSON, is not a result or has
-another schema_version is skipped with a one-line warning on stderr.
+another schema_version is skipped with a one-line warning on stderr; when every file is skipped, that is
+one error line.
 
 A configuration is everything that changes what is measured: the device (GPU name, or the CPU), the torch
 version, model, image size, precision, memory format, compile mode, optimizer, then the benchmark, strategy,
-script-specific options (e.g. DDP's bucket size; shown next to the strategy where they differ between runs),
-node count, world size, batch mode and batch sizes. Step counts, seeds, learning rate and output paths are not
-part of it. Results with the same configuration are repeats: the ok ones become one row (the median of each
-figure over the repeats, and the spread (max - min) / median of their throughput, which says whether a re-run
-agrees within a few per cent); a result that did not end ok gets a row of its own, marked with its status, and
-is left out of every comparison.
+script-specific options (e.g. DDP's bucket size, the Lightning twin's variant; shown next to the strategy where
+they differ between runs), node count, world size, batch mode and batch sizes. Step counts, seeds, learning rate,
+timeouts and output paths are not part of it; an option a result does not record takes the value its script
+used before it was recorded (e.g. the Lightning twin's matched variant). Results with the same configuration are
+repeats: the ok ones become one row (the median of each figure over the repeats, and the spread
+(max - min) / median of their throughput, which says whether a re-run agrees within a few per cent); a result
+that did not end ok gets a row of its own, marked with its status, and is left out of every comparison. A row
+whose results found their own run unsteady (their stability says noisy: halves of the timed steps that differ,
+or a host-bound step) is marked "noisy: repeat or interleave".
+
+Peak memory is compared only between results that took it over the same steps (their memory window: older
+results took it over the timed steps only); where a table mixes windows, each figure names its window.
 
 Tables (Markdown): every configuration (rank 0's median throughput ± MAD, the all-GPU throughput, peak
 memory); weak scaling (efficiency = throughput at N / (N x throughput at 1)) and strong scaling (speed-up);
-Lightning over native DDP; the sharding strategies of oss_benchmark.py with the memory they save against its
-ddp strategy. Throughput is images of all ranks / wall time of the timed steps (`images_per_second`); peak
-memory is the largest `max_memory_allocated` over the ranks (none on the CPU).
+Lightning over native DDP, with the twin's variant (stock or matched); the sharding strategies of
+oss_benchmark.py with the memory they save against its ddp strategy. Throughput is images of all ranks / wall
+time of the timed steps (`images_per_second`); peak memory is the largest `max_memory_allocated` over the ranks
+(none on the CPU).
 
 Regression check: every current result is compared with the reference result(s) of the same configuration
 (software versions aside: catching what a new version costs is the point). A throughput drop or a peak
 memory rise beyond the tolerance, or a status other than ok, is a violation: one line each, exit 1. Several
 reference results of one configuration are repeats: the check compares with their median. A current result
 without a reference is reported and not checked; when that leaves nothing checked and nothing failed, the
-reference is incomparable (exit 2). Peak memory is only compared where both sides measured it (not on CPUs).
+reference is incomparable (exit 2). Peak memory is only compared where both sides measured it (not on CPUs)
+over the same window.
 
-Exit codes: 0 fine, 1 regression or stale README, 2 unusable invocation (one line on stderr).
+Exit codes: 0 fine, 1 regression or stale Markdown file, 2 unusable invocation (one line on stderr).
 """
 
 import argparse
@@ -51,10 +60,15 @@ STATUSES = ("ok", "oom", "desync", "error", "interrupted")
 NATIVE, LIGHTNING, OSS = "ddp_resnet50.py", "lightning/ddp_resnet50.py", "oss_benchmark.py"
 # oss_benchmark.py's strategies from the plainest to the most sharded; others follow alphabetically.
 SHARDING_ORDER = ("ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "zero1_overlap", "fsdp_zero2", "fsdp_zero3")
-README_BEGIN, README_END = "<!-- report:begin -->", "<!-- report:end -->"
+REPOSITORY = pathlib.Path(__file__).resolve().parent
 NO_RESULTS = ("No results committed yet: run the benchmarks on a GPU machine, put the result files under "
               "`results/<machine kind>-<date>/` (see `results/README.md`) and run "
-              "`python report.py results --update-readme README.md`.")
+              "`python report.py results --markdown docs/results.md`.")
+# What a result's memory.window says when it is absent: the scripts took peak memory over the timed steps only.
+TIMED_STEPS = "timed steps"
+# The Lightning twin's variants; results from before the choice ran what is now called matched.
+LIGHTNING_VARIANTS, LIGHTNING_DEFAULT_VARIANT = ("stock", "matched"), "matched"
+NOISY = "noisy: repeat or interleave"
 
 SETUP_FIELDS = ("device", "device_name", "torch", "model", "image_size", "precision", "memory_format",
                 "compile_mode", "optimizer")
@@ -69,7 +83,7 @@ Config = namedtuple("Config", SETUP_FIELDS + RUN_FIELDS)
 NOT_OPTIONS = {"benchmark", "strategy", "device", "backend", "model", "image_size", "batch_mode",
                "batch_size_per_device", "global_batch_size", "warmup_steps", "steps", "precision_requested",
                "precision", "grad_scaler", "tf32", "memory_format_requested", "memory_format", "compile",
-               "compile_mode", "optimizer", "lr", "seed", "timeout_s", "output", "overwrite",
+               "compile_mode", "optimizer", "lr", "seed", "timeout_s", "timeout", "output", "overwrite",
                "inject_fault", "inject_fault_rank", "inject_fault_step",
                # how the timed steps are summarised, not how they run
                "steps_per_epoch",
@@ -101,7 +115,10 @@ OPTIONAL_FIELDS = [
     ("failure.message", str), ("throughput", dict), ("memory", dict),
     ("throughput.images_per_second", NUMBER), ("throughput.rank0_median_images_per_second", NUMBER),
     ("throughput.rank0_mad_images_per_second", NUMBER), ("memory.peak_allocated_mib", OPTIONAL_NUMBER),
-    ("memory.peak_reserved_mib", OPTIONAL_NUMBER), ("step_times_ms_per_rank", list),
+    ("memory.peak_reserved_mib", OPTIONAL_NUMBER), ("memory.window", str), ("step_times_ms_per_rank", list),
+    ("stability", dict), ("stability.noisy", bool), ("stability.reason", str),
+    ("stability.second_half_over_first", NUMBER), ("stability.host_lead_ms_median", NUMBER),
+    ("config.lightning_variant", str),
 ]
 
 
@@ -177,6 +194,9 @@ def problem_with(result):
         return f"status {result['status']!r} is none of {', '.join(STATUSES)}"
     if result["config"]["batch_mode"] not in ("per_device", "global"):
         return f"config.batch_mode {result['config']['batch_mode']!r} is neither per_device nor global"
+    if result["config"].get("lightning_variant", LIGHTNING_DEFAULT_VARIANT) not in LIGHTNING_VARIANTS:
+        return (f"config.lightning_variant {result['config']['lightning_variant']!r} is none of "
+                f"{', '.join(LIGHTNING_VARIANTS)}")
     if result["status"] == "ok":
         missing = [dotted for dotted in OK_FIELDS if lookup(result, dotted) in (KeyError, None)]
         if missing:
@@ -226,17 +246,25 @@ def effective_options(config, benchmark, world_size, environment=None):
       modes and under TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, off otherwise;
     - any other TORCHINDUCTOR_ variable the run was given (its cache folder aside), as inductor_environment:
       it changes what Inductor generates;
-    - cuDNN's autotuning limit (recorded since --cudnn-benchmark-limit): PyTorch's default, 10 algorithms per
-      convolution, where cuDNN autotuned;
+    - cuDNN's autotuning limit (recorded since --cudnn-benchmark-limit; null where a script left it alone):
+      PyTorch's default, 10 algorithms per convolution, where cuDNN autotuned;
     - the DDP comm hook (recorded since --comm-hook): none, DDP's own all-reduce;
+    - DDP's buffer broadcast (recorded since --broadcast-buffers): on, DDP's default;
+    - the fp16 loss scale (recorded since --loss-scale): dynamic where the GradScaler ran, none otherwise;
     - how the ResNet stem was computed (recorded since --space-to-depth-stem and --dense-max-pool-backward, in the
-      native script and the Lightning twin) and its batch norms (since --sums-batch-norm): as torchvision's modules."""
+      native script and the Lightning twin) and its batch norms (since --sums-batch-norm): as torchvision's modules;
+    - the Lightning twin's variant (recorded since the twin ran Lightning's stock loop as well): matched."""
     config, environment = dict(config), environment or {}
     config.setdefault("comm_hook", "none")
+    config.setdefault("broadcast_buffers", True)
+    if config.get("loss_scale") is None:
+        config["loss_scale"] = "dynamic" if config.get("grad_scaler") else None
     if benchmark in (NATIVE, LIGHTNING):
         config.setdefault("stem_conv", "torchvision")
         config.setdefault("max_pool_backward", "torchvision")
         config.setdefault("batch_norm", "torchvision")
+    if benchmark == LIGHTNING:
+        config.setdefault("lightning_variant", LIGHTNING_DEFAULT_VARIANT)
     if (config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config
             and benchmark in (NATIVE, LIGHTNING)):
         config["compiled_ddp"] = "ddp_optimizer"
@@ -244,7 +272,7 @@ def effective_options(config, benchmark, world_size, environment=None):
         config["coordinate_descent_tuning"] = bool(config.get("compile")) and (
             environment.get("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "0").lower() in ("1", "true")
             or str(config.get("compile_mode")).startswith("max-autotune"))
-    if "cudnn_benchmark_limit" not in config:
+    if config.get("cudnn_benchmark_limit") is None:
         config["cudnn_benchmark_limit"] = TORCH_CUDNN_BENCHMARK_LIMIT if config.get("cudnn_benchmark") else None
     inductor = {name: value for name, value in environment.items() if name.startswith("TORCHINDUCTOR_")
                 and name not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING")}
@@ -260,6 +288,7 @@ def make_run(path, result):
     hardware = result.get("hardware") or {}
     throughput = result.get("throughput") or {}
     memory = result.get("memory") or {}
+    stability = result.get("stability") or {}
     key = Config(device=config["device"], device_name=device_name_of(config, hardware),
                  torch=(result.get("software") or {}).get("torch"), model=config.get("model") or "resnet50",
                  image_size=config["image_size"], precision=config["precision"],
@@ -275,7 +304,15 @@ def make_run(path, result):
             "rank0_mad": throughput.get("rank0_mad_images_per_second"),
             "peak_allocated_mib": memory.get("peak_allocated_mib"),
             "peak_reserved_mib": memory.get("peak_reserved_mib"),
+            "memory_window": window_label(memory.get("window")),
+            "noisy": stability.get("noisy") is True, "noisy_reason": stability.get("reason"),
             "step_times_ms": [t for times in result.get("step_times_ms_per_rank") or [] for t in times]}
+
+
+def window_label(window):
+    """A memory window in a few words: the recorded text up to its parenthesis, or the timed steps where a
+    result recorded none."""
+    return window.split(" (")[0].strip() or window if window else TIMED_STEPS
 
 
 def name_unknown_gpus(runs):
@@ -295,14 +332,23 @@ def name_unknown_gpus(runs):
 
 
 def load_runs(paths, what="input"):
-    """Every readable result under paths; prints a warning for each file skipped."""
-    runs = []
+    """Every readable result under paths; prints a warning for each file skipped. When every file found is
+    skipped, one UsageError says so instead (no result at all is the caller's to judge)."""
+    runs, skipped = [], []
     for path in find_result_files(paths):
         result, problem = read_result_file(path)
         if problem:
-            print(f"report.py: warning: {what} {path}: skipped: {problem}", file=sys.stderr)
+            skipped.append((path, problem))
         else:
             runs.append(make_run(path, result))
+    if skipped and not runs:
+        named = "; ".join(f"{path}: {problem}" for path, problem in skipped[:3])
+        more = f"; {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        count = f"{len(skipped)} file{'s' * (len(skipped) > 1)}"
+        raise UsageError(f"{'--check-against ' if what == 'reference' else ''}{', '.join(map(str, paths))}: "
+                         f"no valid result file, {count} skipped as invalid ({named}{more})")
+    for path, problem in skipped:
+        print(f"report.py: warning: {what} {path}: skipped: {problem}", file=sys.stderr)
     return name_unknown_gpus(runs)
 
 
@@ -349,10 +395,33 @@ def row_of(runs, status):
             "images_per_second": median_or_none(throughputs), "spread": spread,
             "rank0_median": median_or_none([run["rank0_median"] for run in runs]),
             "rank0_mad": median_or_none([run["rank0_mad"] for run in runs]),
-            "peak_allocated_mib": median_or_none([run["peak_allocated_mib"] for run in runs]),
-            "peak_reserved_mib": median_or_none([run["peak_reserved_mib"] for run in runs]),
+            "memory": memory_by_window(runs), "noisy": [run for run in runs if run["noisy"]],
             "step_times_ms": [t for run in runs for t in run["step_times_ms"]],
             "failure": runs[0]["failure"]}
+
+
+def memory_by_window(runs):
+    """{window: (peak allocated, peak reserved)}, the medians over the runs that measured memory over that window:
+    figures taken over other steps are not pooled."""
+    windows = defaultdict(list)
+    for run in runs:
+        if run["peak_allocated_mib"] is not None:
+            windows[run["memory_window"]].append(run)
+    return {window: (statistics.median(run["peak_allocated_mib"] for run in members),
+                     median_or_none([run["peak_reserved_mib"] for run in members]))
+            for window, members in sorted(windows.items())}
+
+
+def common_window(*rows):
+    """The memory window that every row measured (the latest scripts' where there are several), or None."""
+    shared = set.intersection(*(set(row["memory"]) for row in rows))
+    return min(shared, key=lambda window: (window == TIMED_STEPS, window)) if shared else None
+
+
+def peak_mib(row, window=None, reserved=False):
+    """A row's peak memory over a window (its only or preferred one by default), None where not measured."""
+    window = window or common_window(row)
+    return row["memory"][window][reserved] if window in row["memory"] else None
 
 
 def setup_of(config):
@@ -451,10 +520,22 @@ def format_mib(value):
     return "n/a" if value is None else f"{value:,.0f}"
 
 
-def memory_cell(row):
-    # n/a: the run measured no GPU memory (CPU); –: it did not get that far.
-    missing = row["peak_allocated_mib"] is None and row["status"] != "ok"
-    return "–" if missing else format_mib(row["peak_allocated_mib"])
+def windows_of(rows):
+    return {window for row in rows for window in row["memory"]}
+
+
+def memory_header(text, windows):
+    """A memory column's title; it names the window where every figure in the column shares one."""
+    return f"{text} (MiB, {next(iter(windows))})" if len(windows) == 1 else f"{text} (MiB)"
+
+
+def memory_cell(row, named, window=None):
+    """A row's peak memory (over window, or each window it has); named: each figure says its window, for a
+    column that mixes them. n/a: the run measured no GPU memory (CPU); –: it did not get that far."""
+    figures = [(window, row["memory"][window])] if window in row["memory"] else list(row["memory"].items())
+    if not figures:
+        return "–" if row["status"] != "ok" else "n/a"
+    return "; ".join(format_mib(allocated) + (f" ({name})" if named else "") for name, (allocated, _) in figures)
 
 
 def format_percent(fraction, signed=False):
@@ -473,7 +554,18 @@ def rank0_cell(row):
 
 
 def format_status(row):
-    return "ok" if row["status"] == "ok" else f"**✗ {row['status']}**"
+    if row["status"] != "ok":
+        return f"**✗ {row['status']}**"
+    if not row["noisy"]:
+        return "ok"
+    runs = len(row["runs"])
+    return f"ok, {NOISY}" if runs == 1 else f"ok, {len(row['noisy'])} of {runs} runs {NOISY}"
+
+
+def noisy_notes(rows):
+    """One footnote per noisy result of the rows: why its stability says one run is not enough."""
+    return [f"- {NOISY}: `{run['path'].name}`: {run['noisy_reason'] or 'unsteady'}"
+            for row in rows if row["status"] == "ok" for run in row["noisy"]]
 
 
 def unit_of(config):
@@ -495,6 +587,10 @@ def strategy_text(config, varying):
     missing = [name for name in differing if name not in dict(config.options) and name not in ABSENT_BY_DEFAULT]
     details = [f"{name}={value.strip(chr(34))}" for name, value in shown] + [f"{name} unset" for name in missing]
     return config.strategy + (f" ({', '.join(details)})" if details else "")
+
+
+def lightning_variant(config):
+    return json.loads(dict(config.options).get("lightning_variant", "null")) or "–"
 
 
 def setup_title(setup):
@@ -520,29 +616,30 @@ def sources_text(rows, base):
 
 
 def display_path(path, base):
-    """Relative to base where the path lies under it (the README's folder, or the current one)."""
+    """Relative to base where the path lies under it (the repository, a Markdown file's folder or the current one)."""
     path = pathlib.Path(path).resolve()
     return (path.relative_to(base).as_posix() or ".") if path.is_relative_to(base) else path.as_posix()
 
 
 def all_runs_table(rows, varying):
     unit, units = unit_of(rows[0]["config"]), units_of(rows[0]["config"])
-    lines, failures = [], []
+    lines, failures, windows = [], [], windows_of(rows)
     for row in rows:
         config = row["config"]
         rank0 = rank0_cell(row)
         lines.append([config.benchmark, strategy_text(config, varying), devices_text(config),
                       config.batch_mode.replace("_", " "), str(config.batch_size_per_device),
                       f"{config.global_batch_size:,}", rank0,
-                      format_rate(row["images_per_second"]), memory_cell(row), str(len(row["runs"])),
-                      format_percent(row["spread"]), format_status(row)])
+                      format_rate(row["images_per_second"]), memory_cell(row, len(windows) > 1),
+                      str(len(row["runs"])), format_percent(row["spread"]), format_status(row)])
         if row["status"] != "ok":
             failures.append(f"- ✗ {row['status']} in `{row['runs'][0]['path'].name}`: "
                             f"{row['failure'] or 'no message'}")
     header = ["benchmark", "strategy", units, "batch mode", f"batch (img/{unit})", "global batch (img)",
-              "Median throughput (img/s) (rank 0) ± MAD", "Throughput (img/s)", "Peak memory (MiB)", "runs",
-              "spread between runs", "status"]
-    return "\n\n".join(["**All configurations**", table(header, lines), *(["\n".join(failures)] if failures else [])])
+              "Median throughput (img/s) (rank 0) ± MAD", "Throughput (img/s)", memory_header("Peak memory", windows),
+              "runs", "spread between runs", "status"]
+    notes = failures + noisy_notes(rows)
+    return "\n\n".join(["**All configurations**", table(header, lines), *(["\n".join(notes)] if notes else [])])
 
 
 def scaling_table(rows, varying, batch_mode):
@@ -576,55 +673,72 @@ def scaling_table(rows, varying, batch_mode):
 
 def lightning_table(rows, varying):
     unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
-    for native, lightning in lightning_pairs(rows):
+    pairs = lightning_pairs(rows)
+    # Memory side by side over the window both measured; a pair without one shows each figure with its window.
+    shared = [common_window(native, lightning) for native, lightning in pairs]
+    windows = windows_of([row for pair in pairs for row in pair])
+    named = len(windows) > 1 or bool(windows) and None in shared
+    for (native, lightning), window in zip(pairs, shared):
         config = lightning["config"]
-        memory_ratio = (lightning["peak_allocated_mib"] / native["peak_allocated_mib"]
-                        if lightning["peak_allocated_mib"] is not None and native["peak_allocated_mib"] else None)
+        native_mib, lightning_mib = peak_mib(native, window), peak_mib(lightning, window)
+        memory_ratio = lightning_mib / native_mib if window and lightning_mib is not None and native_mib else None
+        ratio = format_ratio(lightning["images_per_second"] / native["images_per_second"])
+        if native["noisy"] or lightning["noisy"]:
+            ratio += f" ({NOISY})"
         lines.append([devices_text(config), config.batch_mode.replace("_", " "), str(config.batch_size_per_device),
                       strategy_text(native["config"], varying), format_rate(native["images_per_second"]),
-                      strategy_text(config, varying), format_rate(lightning["images_per_second"]),
-                      format_ratio(lightning["images_per_second"] / native["images_per_second"]),
-                      format_mib(native["peak_allocated_mib"]), format_mib(lightning["peak_allocated_mib"]),
-                      format_ratio(memory_ratio)])
+                      strategy_text(config, varying), lightning_variant(config),
+                      format_rate(lightning["images_per_second"]), ratio, memory_cell(native, named, window),
+                      memory_cell(lightning, named, window), format_ratio(memory_ratio)])
     if not lines:
         return None
     header = [units, "batch mode", f"batch (img/{unit})", "native strategy", "native throughput (img/s)",
-              "Lightning strategy", "Lightning throughput (img/s)", "Lightning / native throughput",
-              "native peak memory (MiB)", "Lightning peak memory (MiB)", "Lightning / native memory"]
+              "Lightning strategy", "Lightning variant", "Lightning throughput (img/s)",
+              "Lightning / native throughput", memory_header("native peak memory", windows if not named else ()),
+              memory_header("Lightning peak memory", windows if not named else ()), "Lightning / native memory"]
     return "\n\n".join(["**Lightning against native DDP** (same configuration; a ratio below 1.00× is "
                         "Lightning's cost)", table(header, lines)])
 
 
 def sharding_table(rows, varying):
     unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
-    for group in sharding_groups(rows):
+    groups = sharding_groups(rows)
+    windows = windows_of([row for group in groups for row, _ in group])
+    for group in groups:
         for row, baseline in group:
             config = row["config"]
             usable = baseline is not None and row["status"] == "ok" and row is not baseline
             speed = format_ratio(row["images_per_second"] / baseline["images_per_second"]) if usable else "–"
             saved = "baseline" if row is baseline else "n/a" if usable else "–"  # n/a: no memory counters
+            window = usable and common_window(row, baseline)
             if row is baseline:
                 speed = "baseline"
-            elif usable and row["peak_allocated_mib"] is not None and baseline["peak_allocated_mib"]:
-                difference = baseline["peak_allocated_mib"] - row["peak_allocated_mib"]
-                saved = f"{difference:,.0f} MiB ({format_percent(difference / baseline['peak_allocated_mib'])})"
+            elif window and peak_mib(baseline, window):
+                difference = peak_mib(baseline, window) - peak_mib(row, window)
+                saved = f"{difference:,.0f} MiB ({format_percent(difference / peak_mib(baseline, window))})"
+            elif usable and row["memory"] and baseline["memory"]:
+                saved = "– (other memory window)"
             rank0 = rank0_cell(row)
             lines.append([devices_text(config), str(config.batch_size_per_device), strategy_text(config, varying),
-                          rank0, format_rate(row["images_per_second"]), speed, memory_cell(row), saved,
-                          format_status(row)])
+                          rank0, format_rate(row["images_per_second"]), speed, memory_cell(row, len(windows) > 1),
+                          saved, format_status(row)])
     if not lines:
         return None
     header = [units, f"batch (img/{unit})", "strategy", "Median throughput (img/s) (rank 0) ± MAD",
-              "Throughput (img/s)", "Throughput vs ddp", "Peak memory (MiB)", "Memory saved vs ddp", "status"]
+              "Throughput (img/s)", "Throughput vs ddp", memory_header("Peak memory", windows), "Memory saved vs ddp",
+              "status"]
     return "\n\n".join(["**Sharding strategies** (oss_benchmark.py; against its ddp strategy of the same "
                         "configuration)", table(header, lines)])
 
 
 EXPLANATION = ("Each row is one configuration. Throughput = images of all ranks / wall time of the timed steps; "
                "rank 0's median throughput ± MAD comes from its per-step times; peak memory = the largest "
-               "`max_memory_allocated` over the ranks (n/a on the CPU). Repeats of a configuration that ended ok "
+               "`max_memory_allocated` over the ranks (n/a on the CPU), over the steps its column or figure names "
+               "(figures over different steps are never compared). Repeats of a configuration that ended ok "
                "are aggregated: the median over the runs, and the spread (max − min) / median of their "
-               "throughput. Runs that did not end ok (✗) get a row each and stay out of every comparison.")
+               "throughput. Runs that did not end ok (✗) get a row each and stay out of every comparison. "
+               f"\"{NOISY}\" marks results that found their own run unsteady (its two halves differ, or the host "
+               "bounds the step): one such run is not enough.")
 
 
 def render_markdown(runs, base, heading="###"):
@@ -776,21 +890,26 @@ def plot_step_times(plt, rows, varying, title):
 
 
 def plot_memory(plt, rows, varying, title):
-    measured = [row for row in rows if row["status"] == "ok" and row["peak_allocated_mib"] is not None]
+    measured = [row for row in rows if row["status"] == "ok" and row["memory"]]
     if not measured:
         return None
     # Failed runs keep their place with their status instead of a bar: "ddp runs out of memory" is a result.
     shown = [row for row in rows if row in measured or row["status"] != "ok"][::-1]  # top to bottom
     figure, axis = plt.subplots(figsize=(9, 1.8 + 0.45 * len(shown)), layout="constrained")
     positions = list(range(len(shown)))
-    reserved = [row["peak_reserved_mib"] or 0 if row["status"] == "ok" else 0 for row in shown]
-    allocated = [row["peak_allocated_mib"] if row["status"] == "ok" else 0 for row in shown]
+    reserved = [peak_mib(row, reserved=True) or 0 if row["status"] == "ok" else 0 for row in shown]
+    allocated = [peak_mib(row) if row["status"] == "ok" else 0 for row in shown]
     axis.barh(positions, reserved, height=0.7, color="tab:blue", alpha=0.3, label="peak reserved (caching allocator)")
     bars = axis.barh(positions, allocated, height=0.45, color="tab:blue", label="peak allocated")
     axis.bar_label(bars, labels=[f"{value:,.0f}" if row["status"] == "ok" else f"✗ {row['status']}"
                                  for value, row in zip(allocated, shown)], padding=3, fontsize=7)
-    axis.set_yticks(positions, [row_label(row["config"], varying) for row in shown], fontsize=8)
-    axis.set_xlabel("Peak memory per rank (MiB, largest over the ranks)")
+    # Each bar names its memory window where the bars mix them.
+    windows = {common_window(row) for row in measured}
+    axis.set_yticks(positions, [row_label(row["config"], varying) + (f" · {common_window(row)}" if len(windows) > 1
+                                                                      and row in measured else "")
+                                for row in shown], fontsize=8)
+    axis.set_xlabel("Peak memory per rank (MiB, largest over the ranks" +
+                    (f"; {next(iter(windows))})" if len(windows) == 1 else ")"))
     axis.set_xlim(0, max(reserved + allocated) * 1.15)
     axis.xaxis.set_major_formatter(plt.FuncFormatter(tick_text))
     axis.grid(axis="x", alpha=0.3)
@@ -836,24 +955,32 @@ def check_against(runs, reference_runs, tolerance, reference_path):
         if run["status"] != "ok":
             violations.append(f"{name}: status {run['status']}: {run['failure'] or 'no message'}")
             continue
-        reference = next((row for row in references if same_configuration(run["config"], row["config"])), None)
+        # Of references that differ only in their torch version, the run's own version where there is one.
+        reference = min((row for row in references if same_configuration(run["config"], row["config"])),
+                        key=lambda row: row["config"].torch != run["config"].torch, default=None)
         if reference is None:
             unmatched.append(run)
             continue
         checked += 1
+        # A drop in a run that found itself unsteady may be noise: the line says so.
+        noisy = f" ({NOISY}: {run['noisy_reason'] or 'unsteady'})" if run["noisy"] else ""
         current_rate, reference_rate = run["images_per_second"], reference["images_per_second"]
         drop = 1 - current_rate / reference_rate
         if drop > tolerance:
             violations.append(f"{name}: throughput dropped {drop:.1%} ({format_rate(reference_rate)} -> "
                               f"{format_rate(current_rate)} img/s), more than {tolerance:.1%}: "
-                              f"{describe(run['config'])}")
-        current_mib, reference_mib = run["peak_allocated_mib"], reference["peak_allocated_mib"]
+                              f"{describe(run['config'])}{noisy}")
+        window = run["memory_window"]
+        current_mib, reference_mib = run["peak_allocated_mib"], peak_mib(reference, window)
         if current_mib is not None and reference_mib:
             rise = current_mib / reference_mib - 1
             if rise > tolerance:
                 violations.append(f"{name}: peak memory rose {rise:.1%} ({format_mib(reference_mib)} -> "
-                                  f"{format_mib(current_mib)} MiB), more than {tolerance:.1%}: "
-                                  f"{describe(run['config'])}")
+                                  f"{format_mib(current_mib)} MiB, {window}), more than {tolerance:.1%}: "
+                                  f"{describe(run['config'])}{noisy}")
+        elif current_mib is not None and reference["memory"]:
+            lines.append(f"report.py: note: {name}: peak memory not compared: the memory windows differ (here: "
+                         f"{window}; reference: {' and '.join(reference['memory'])})")
     # Nothing compared and nothing failed: the reference is for other configurations, a mistake in the call.
     if unmatched and not checked and not violations:
         raise UsageError(f"incomparable: no result in {reference_path} has the configuration of "
@@ -868,30 +995,22 @@ def check_against(runs, reference_runs, tolerance, reference_path):
                      f"{reference_path} (tolerance {tolerance:.1%})")
         return EXIT_FAILED, lines
     lines.append(f"check passed: {checked} result{'s' * (checked != 1)} within {tolerance:.1%} of "
-                 f"{reference_path} (throughput and peak memory; {len(unmatched)} without a reference)")
+                 f"{reference_path} (throughput, and peak memory over the same steps; {len(unmatched)} without a "
+                 "reference)")
     return EXIT_OK, lines
 
 
-# ---------------------------------------------------------------------------- README section
+# ---------------------------------------------------------------------------- Markdown file
 
-def readme_parts(path):
-    try:
-        text = pathlib.Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path}: cannot be read ({error.__class__.__name__}: {error})")
-    begin, end = text.find(README_BEGIN), text.find(README_END)
-    if begin < 0 or end < begin or text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
-        raise UsageError(f"{path}: needs exactly one '{README_BEGIN}' followed by one '{README_END}'")
-    return text[:begin + len(README_BEGIN)], text[begin + len(README_BEGIN):end], text[end:]
-
-
-def readme_section(runs, readme, inputs):
-    # Paths relative to the README, so the section is the same wherever the command runs.
-    base = pathlib.Path(readme).resolve().parent
+def markdown_document(runs, out, inputs):
+    """The report as a Markdown file at out: paths relative to the repository when out lies in it (else to out's
+    folder), so that the file is the same wherever the command runs, and a first line that says how to remake it."""
+    out = pathlib.Path(out).resolve()
+    base = REPOSITORY if out.is_relative_to(REPOSITORY) else out.parent
     command = " ".join(["python report.py", *[display_path(pathlib.Path(p), base) for p in inputs],
-                        "--update-readme", pathlib.Path(readme).name])
-    note = f"<!-- generated by `{command}`: edit the results, not this section -->"
-    return f"\n{note}\n\n{render_markdown(runs, base)}"
+                        "--markdown", display_path(out, base)])
+    return (f"# Benchmark results\n\n<!-- generated by `{command}`: edit the results, not this file -->\n\n"
+            f"{render_markdown(runs, base, heading='##')}"), command
 
 
 # ---------------------------------------------------------------------------- command line
@@ -899,14 +1018,15 @@ def readme_section(runs, readme, inputs):
 def parse_arguments(argv=None):
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", metavar="PATH", help="result files or folders (searched recursively)")
-    parser.add_argument("--markdown", metavar="OUT.md", help="write the Markdown report here (default: stdout)")
+    parser.add_argument("--markdown", metavar="OUT.md", help="write the Markdown report to this file, its paths "
+                                                             "relative to the repository (to the file's folder outside "
+                                                             "it); default: stdout")
     parser.add_argument("--plots", metavar="DIR", help="write PNG plots into this folder (needs matplotlib)")
     parser.add_argument("--check-against", metavar="REF", help="reference result file or folder: exit 1 on a "
                                                                "regression")
     parser.add_argument("--tolerance", help="allowed throughput drop and memory rise, 5%% or 0.05 (default 5%%)")
-    parser.add_argument("--update-readme", metavar="README.md", help="replace the text between the report markers")
-    parser.add_argument("--check-readme", metavar="README.md", help="exit 1 when the text between the report "
-                                                                    "markers differs from the report")
+    parser.add_argument("--check-markdown", metavar="FILE.md", help="exit 1 when this file differs from what "
+                                                                   "--markdown would write there")
     args = parser.parse_args(argv)
     if args.tolerance is not None and not args.check_against:
         raise UsageError("--tolerance needs --check-against")
@@ -917,9 +1037,9 @@ def parse_arguments(argv=None):
 def main(argv=None):
     args = parse_arguments(argv)
     runs = load_runs(args.paths)
-    readme_mode = args.update_readme or args.check_readme
-    # The README section may say that there are no results yet; every other use needs some.
-    if not runs and not readme_mode:
+    file_mode = args.markdown or args.check_markdown
+    # A Markdown file may say that there are no results yet; every other use needs some.
+    if not runs and not file_mode:
         raise UsageError(f"no result files in {', '.join(args.paths)}")
     status = EXIT_OK
     reference_runs = None
@@ -927,8 +1047,21 @@ def main(argv=None):
         reference_runs = load_runs([args.check_against], what="reference")
         if not reference_runs:
             raise UsageError(f"--check-against {args.check_against}: no result files")
+    if args.check_markdown:
+        try:
+            old = pathlib.Path(args.check_markdown).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError(f"--check-markdown {args.check_markdown}: cannot be read "
+                             f"({getattr(error, 'strerror', None) or error})")
+        new, command = markdown_document(runs, args.check_markdown, args.paths)
+        if new != old:
+            print(f"{args.check_markdown}: differs from the report of {' '.join(args.paths)}: run {command}",
+                  file=sys.stderr)
+            status = EXIT_FAILED
+        else:
+            print(f"{args.check_markdown}: agrees with the report of {' '.join(args.paths)}")
     if args.markdown:
-        text = "# Benchmark report\n\n" + render_markdown(runs, pathlib.Path.cwd(), heading="##")
+        text, _ = markdown_document(runs, args.markdown, args.paths)
         try:
             pathlib.Path(args.markdown).write_text(text, encoding="utf-8")
         except OSError as error:
@@ -940,31 +1073,12 @@ def main(argv=None):
             print(f"report.py: note: {note}", file=sys.stderr)
         for path in written:
             print(f"wrote {path}")
-    for readme, update in ((args.update_readme, True), (args.check_readme, False)):
-        if not readme:
-            continue
-        before, old, after = readme_parts(readme)
-        new = readme_section(runs, readme, args.paths)
-        if update and new != old:
-            try:
-                pathlib.Path(readme).write_text(before + new + after, encoding="utf-8")
-            except OSError as error:
-                raise UsageError(f"--update-readme {readme}: cannot be written ({error.strerror})")
-            print(f"{readme}: results section updated")
-        elif update:
-            print(f"{readme}: results section already up to date")
-        elif new != old:
-            print(f"{readme}: the results section differs from the report of {' '.join(args.paths)}: run "
-                  f"python report.py {' '.join(args.paths)} --update-readme {readme}", file=sys.stderr)
-            status = EXIT_FAILED
-        else:
-            print(f"{readme}: the results section agrees with the report")
     if reference_runs is not None:
         code, lines = check_against(runs, reference_runs, args.tolerance, args.check_against)
         for line in lines:
             print(line, file=sys.stderr if line.startswith("report.py:") else sys.stdout)
         status = max(status, code)
-    if not (args.markdown or args.plots or readme_mode or args.check_against):
+    if not (file_mode or args.plots or args.check_against):
         print(render_markdown(runs, pathlib.Path.cwd(), heading="##"), end="")
     return status
 

@@ -1,8 +1,9 @@
-"""report.py on real result files: tables, plots, the regression check, the README section and bad inputs.
+"""report.py on real result files: tables, plots, the regression check, the generated Markdown file (docs/results.md)
+and bad inputs.
 
 The fixtures under tests/fixtures/results/ were written by ddp_resnet50.py, lightning/ddp_resnet50.py and
-oss_benchmark.py in CPU runs (tests/fixtures/make_report_fixtures.sh). No benchmark runs here: every test
-reads files.
+oss_benchmark.py in CPU runs, the one under tests/fixtures/harness-results/ by the current harness
+(tests/fixtures/make_report_fixtures.sh). No benchmark runs here: every test reads files.
 """
 import copy
 import json
@@ -17,6 +18,8 @@ from conftest import ROOT, clean_env, load_script, one_error_line, read_result
 
 REPORT = ROOT / "report.py"
 FIXTURES = ROOT / "tests" / "fixtures" / "results"
+# A result of the current harness: its stability verdict, its memory window, every DDP option and --timeout recorded.
+HARNESS_RESULT = ROOT / "tests" / "fixtures" / "harness-results" / "native-weak-1proc.json"
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +74,28 @@ def rank0_text(name):
     return f"{shown(median)} ± {shown(throughput['rank0_mad_images_per_second'], like=median)}"
 
 
+def harness(field):
+    """A block of what the current harness writes (its stability verdict, its memory section)."""
+    return copy.deepcopy(json.loads(HARNESS_RESULT.read_text())[field])
+
+
+NEW_WINDOW = harness("memory")["window"]  # the current harness's memory window (older results: the timed steps)
+
+
+def in_window(result, window=NEW_WINDOW):
+    """A result whose peak memory was taken over the current harness's window."""
+    result = copy.deepcopy(result)
+    result["memory"]["window"] = window
+    return result
+
+
+def noisy(result, reason="halves differ"):
+    """A result whose stability, as the current harness writes it, says one run is not enough."""
+    result = copy.deepcopy(result)
+    result["stability"] = {**harness("stability"), "noisy": True, "reason": reason}
+    return result
+
+
 SHARDING = ["ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "fsdp_zero2", "fsdp_zero3"]  # what gloo can run
 
 
@@ -88,6 +113,35 @@ def test_fixtures_are_real_results_of_the_schema():
         assert result["benchmark"] == benchmark and result["config"]["device"] == "cpu"
     assert fixture("native-desync-2proc")["status"] == "desync" and fixture("oss-fsdp_zero3-oom")["status"] == "oom"
     assert fixture("oss-fsdp_zero3-oom")["hardware"] is None  # it failed before it looked at its hardware
+    harness = read_result(HARNESS_RESULT)
+    assert set(harness["stability"]) == {"second_half_over_first", "host_lead_ms_median", "host_ahead", "noisy",
+                                         "reason"}
+    assert harness["memory"]["window"] and harness["config"]["timeout"] == harness["config"]["timeout_s"]
+
+
+def test_committed_results_and_new_fields_follow_the_schema():
+    """Every committed result still validates (older ones lack the new fields); the new fields' values are checked."""
+    import jsonschema
+    from conftest import SCHEMA
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    files = sorted((ROOT / "results").rglob("*.json"))
+    assert len(files) > 100
+    for path in files:
+        errors = list(validator.iter_errors(json.loads(path.read_text())))
+        assert not errors, f"{path}: {errors[0].message[:300]}"
+    new = json.loads(HARNESS_RESULT.read_text())
+    lightning = fixture("lightning-weak-1proc")
+    assert validator.is_valid(new) and validator.is_valid(lightning)
+    for variant in ("stock", "matched"):
+        lightning["config"]["lightning_variant"] = variant
+        assert validator.is_valid(lightning)
+    lightning["config"]["lightning_variant"] = "tuned"
+    assert not validator.is_valid(lightning)
+    for broken in ({"memory": {**new["memory"], "window": ""}}, {"stability": {**new["stability"], "noisy": "yes"}},
+                   {"stability": {key: value for key, value in new["stability"].items() if key != "reason"}},
+                   {"config": {**new["config"], "timeout": 0}}):
+        assert not validator.is_valid({**new, **broken}), broken
+    assert validator.is_valid({**new, "stability": None})
 
 
 def test_markdown_table_aggregates_repeats_and_marks_failures():
@@ -149,7 +203,8 @@ def test_lightning_table_pairs_the_twins_of_one_configuration():
     pairs = [("1", rate("native-weak-1proc"), rate("lightning-weak-1proc")),
              ("2", native_two, rate("lightning-weak-2proc"))]
     # The desync run and the strong-scaling runs have no Lightning twin and stay out.
-    assert rows == [[size, "per device", "4", "ddp", shown(native), "lightning_ddp", shown(lightning),
+    # Results from before the variant was recorded ran the matched one.
+    assert rows == [[size, "per device", "4", "ddp", shown(native), "lightning_ddp", "matched", shown(lightning),
                      f"{lightning / native:.2f}×", "n/a", "n/a", "–"] for size, native, lightning in pairs]
 
 
@@ -204,7 +259,86 @@ def test_markdown_file_output(tmp_path):
     out = tmp_path / "report.md"
     proc = run_report(FIXTURES, "--markdown", out)
     assert proc.returncode == 0 and proc.stdout.strip() == f"wrote {out}"
-    assert out.read_text().startswith("# Benchmark report\n") and "**Weak scaling**" in out.read_text()
+    assert out.read_text().startswith("# Benchmark results\n") and "**Weak scaling**" in out.read_text()
+
+
+def test_noisy_results_are_marked_and_repeats_still_aggregated(tmp_path):
+    write(tmp_path / "one.json", noisy(fixture("native-weak-1proc")))
+    write(tmp_path / "a.json", noisy(fixture("native-weak-2proc-a"), "halves differ, host-bound"))
+    write(tmp_path / "b.json", fixture("native-weak-2proc-b"))
+    write(tmp_path / "steady.json", fixture("native-strong-1proc"))
+    write(tmp_path / "lightning.json", fixture("lightning-weak-1proc"))
+    markdown = run_report(tmp_path).stdout
+    rows = [row for row in table_rows(markdown, "All configurations") if row[0] == "ddp_resnet50.py"]
+    assert [(row[2], row[3], row[9], row[11]) for row in rows] == [
+        ("1", "global", "1", "ok"), ("1", "per device", "1", "ok, noisy: repeat or interleave"),
+        ("2", "per device", "2", "ok, 1 of 2 runs noisy: repeat or interleave")]
+    [pair] = table_rows(markdown, "Lightning against native DDP")
+    assert pair[8] == f"{rate('lightning-weak-1proc') / rate('native-weak-1proc'):.2f}× (noisy: repeat or interleave)"
+    assert rows[2][7] == shown(statistics.median([rate("native-weak-2proc-a"), rate("native-weak-2proc-b")]))
+    assert ("- noisy: repeat or interleave: `one.json`: halves differ\n"
+            "- noisy: repeat or interleave: `a.json`: halves differ, host-bound") in markdown
+    # A regression found in a noisy run says that it may be noise.
+    slower = noisy(fixture("native-weak-1proc"))
+    slower["throughput"]["images_per_second"] *= 0.5
+    proc = run_report(write(tmp_path / "current" / "slower.json", slower), "--check-against",
+                      FIXTURES / "native-weak-1proc.json")
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[0].endswith(", 32 px, fp32 (noisy: repeat or interleave: halves differ)")
+
+
+def test_peak_memory_of_different_windows_is_not_pooled_and_says_its_window(tmp_path):
+    write(tmp_path / "a.json", with_memory(fixture("native-weak-2proc-a"), 1000.0))
+    write(tmp_path / "b.json", in_window(with_memory(fixture("native-weak-2proc-b"), 1200.0)))
+    write(tmp_path / "one.json", with_memory(fixture("native-weak-1proc"), 900.0))
+    write(tmp_path / "lightning-one.json", in_window(with_memory(fixture("lightning-weak-1proc"), 990.0)))
+    write(tmp_path / "lightning-two.json", with_memory(fixture("lightning-weak-2proc"), 1100.0))
+    markdown = run_report(tmp_path).stdout
+    assert "| Throughput (img/s) | Peak memory (MiB) | runs |" in markdown  # the column mixes windows
+    rows = table_rows(markdown, "All configurations")
+    assert [(row[0], row[2], row[8], row[9]) for row in rows] == [
+        ("ddp_resnet50.py", "1", "900 (timed steps)", "1"),
+        ("ddp_resnet50.py", "2", "1,200 (every step after the first); 1,000 (timed steps)", "2"),
+        ("lightning/ddp_resnet50.py", "1", "990 (every step after the first)", "1"),
+        ("lightning/ddp_resnet50.py", "2", "1,100 (timed steps)", "1")]
+    # Lightning against native: over the window both measured, else each figure with its own and no ratio.
+    assert [row[9:] for row in table_rows(markdown, "Lightning against native DDP")] == [
+        ["900 (timed steps)", "990 (every step after the first)", "–"],
+        ["1,000 (timed steps)", "1,100 (timed steps)", "1.10×"]]
+    # Sharding: memory saved only against a ddp baseline of the same window.
+    write(tmp_path / "oss" / "oss-ddp.json", with_memory(fixture("oss-ddp"), 9000.0))
+    write(tmp_path / "oss" / "oss-zero1.json", in_window(with_memory(fixture("oss-zero1"), 7000.0)))
+    write(tmp_path / "oss" / "oss-oss_ddp.json", with_memory(fixture("oss-oss_ddp"), 7000.0))
+    rows = table_rows(run_report(tmp_path / "oss").stdout, "Sharding strategies")
+    assert [(row[2], row[6], row[7]) for row in rows] == [
+        ("ddp", "9,000 (timed steps)", "baseline"), ("oss_ddp", "7,000 (timed steps)", "2,000 MiB (22.2 %)"),
+        ("zero1", "7,000 (every step after the first)", "– (other memory window)")]
+    # One window throughout: the column's title names it.
+    single = run_report(tmp_path / "oss" / "oss-ddp.json").stdout
+    assert "| Throughput (img/s) | Peak memory (MiB, timed steps) | runs |" in single
+
+
+def test_lightning_variants_are_shown_and_kept_apart(tmp_path):
+    for name in ("native-weak-1proc", "native-weak-2proc-a", "lightning-weak-1proc", "lightning-weak-2proc"):
+        write(tmp_path / f"{name}.json", fixture(name))
+    stock, matched = fixture("lightning-weak-2proc"), fixture("lightning-weak-2proc")
+    stock["config"]["lightning_variant"], matched["config"]["lightning_variant"] = "stock", "matched"
+    write(tmp_path / "lightning-stock.json", stock)
+    write(tmp_path / "lightning-matched.json", matched)
+    markdown = run_report(tmp_path).stdout
+    # A result that recorded no variant ran the matched one: it pools with one that says so, not with stock.
+    lightning = [row for row in table_rows(markdown, "All configurations") if row[0] == "lightning/ddp_resnet50.py"]
+    assert [(row[1], row[2], row[9]) for row in lightning] == [
+        ("lightning_ddp (lightning_variant=matched)", "1", "1"),
+        ("lightning_ddp (lightning_variant=matched)", "2", "2"), ("lightning_ddp (lightning_variant=stock)", "2", "1")]
+    pairs = table_rows(markdown, "Lightning against native DDP")
+    assert [(row[0], row[6], row[7]) for row in pairs] == [
+        ("1", "matched", shown(rate("lightning-weak-1proc"))), ("2", "matched", shown(rate("lightning-weak-2proc"))),
+        ("2", "stock", shown(rate("lightning-weak-2proc")))]
+    reference = FIXTURES / "lightning-weak-2proc.json"
+    assert run_report(tmp_path / "lightning-matched.json", "--check-against", reference).returncode == 0
+    proc = run_report(tmp_path / "lightning-stock.json", "--check-against", reference)
+    assert proc.returncode == 2 and "incomparable" in proc.stderr
 
 
 # ---------------------------------------------------------------------------- plots
@@ -261,7 +395,7 @@ def test_check_fails_on_a_memory_rise_beyond_the_tolerance(tmp_path):
     current = write(tmp_path / "current" / "current.json", with_memory(fixture("native-weak-1proc"), 1100.0))
     proc = run_report(current, "--check-against", reference, "--tolerance", "0.05")
     assert proc.returncode == 1
-    assert "peak memory rose 10.0% (1,000 -> 1,100 MiB), more than 5.0%" in proc.stdout
+    assert "peak memory rose 10.0% (1,000 -> 1,100 MiB, timed steps), more than 5.0%" in proc.stdout
     assert run_report(current, "--check-against", reference, "--tolerance", "10.5%").returncode == 0
 
 
@@ -293,6 +427,46 @@ def test_check_reports_results_without_a_reference_and_refuses_an_incomparable_o
     assert proc.returncode == 2
     [line] = one_error_line(proc.stderr)
     assert line.startswith("report.py: error: incomparable: no result in ")
+
+
+def test_check_compares_peak_memory_only_over_the_same_window(tmp_path):
+    current = write(tmp_path / "current.json", in_window(with_memory(fixture("native-weak-1proc"), 1500.0)))
+    timed = write(tmp_path / "timed" / "reference.json", with_memory(fixture("native-weak-1proc"), 1000.0))
+    proc = run_report(current, "--check-against", timed, "--tolerance", "5%")
+    assert proc.returncode == 0 and proc.stdout.startswith("check passed: 1 result within 5.0% of ")
+    assert one_error_line(proc.stderr) == [
+        f"report.py: note: {current}: peak memory not compared: the memory windows differ (here: every step after "
+        "the first; reference: timed steps)"]
+    # A reference of the same window as well: that one is compared.
+    write(tmp_path / "timed" / "same-window.json", in_window(with_memory(fixture("native-weak-1proc"), 1000.0)))
+    proc = run_report(current, "--check-against", tmp_path / "timed", "--tolerance", "5%")
+    assert proc.returncode == 1
+    assert "peak memory rose 50.0% (1,000 -> 1,500 MiB, every step after the first), more than 5.0%" in proc.stdout
+
+
+def test_a_current_harness_run_finds_its_committed_reference(tmp_path, native, report):
+    """A default one-GPU run as the current harness records it (its config resolved by the script itself, before any
+    GPU work; the figures of a committed run) is checked against the committed results of that configuration:
+    --timeout, the DDP options now always recorded and a null cuDNN limit do not make it another configuration,
+    and its peak memory, taken over more steps, is not compared with theirs."""
+    args = native.parse_arguments(["--output", str(tmp_path / "run.json")])
+    config = native.resolve_harness_config(args, native.detect_launch({}), native.STRATEGY, True, 1, True)
+    config.update(model="resnet50", optimizer="sgd", optimizer_impl="fused")  # as main() does on a GPU, not in fp16
+    assert config["timeout"] == 300 and config["cudnn_benchmark_limit"] is None and config["broadcast_buffers"]
+    result = json.loads((ROOT / "results" / "nvidia-h200-x2-2026-11-30e" / "s10-native-1gpu-bf16-256-a.json")
+                        .read_text())
+    result.update(config=config, stability=harness("stability"))
+    result["memory"].update(window=NEW_WINDOW, peak_allocated_mib=result["memory"]["peak_allocated_mib"] * 2)
+    result["throughput"]["images_per_second"] *= 1.5  # a rise is never a regression: the tolerance is not the point
+    path = write(tmp_path / "run.json", result)
+    proc = run_report(path, "--check-against", "results", "--tolerance", "2%")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("check passed: 1 result within 2.0% of results")
+    assert "peak memory not compared: the memory windows differ" in proc.stderr
+    # In the report it is one more repeat of the committed configuration.
+    [row] = [row for row in report.aggregate(report.load_runs(["results", path]))
+             if path in [run["path"] for run in row["runs"]]]
+    assert len(row["runs"]) > 1
 
 
 @pytest.mark.parametrize("tolerance", ["5", "-1%", "150%", "five", "nan"])
@@ -357,6 +531,26 @@ def test_files_that_are_not_results_are_skipped_with_one_warning_each(tmp_path):
         "(config.batch_mode is missing)"])
 
 
+def test_inputs_that_are_all_invalid_are_named_in_one_line(tmp_path):
+    broken = tmp_path / "broken"
+    (broken / "notes.json").parent.mkdir()
+    (broken / "notes.json").write_text("not json at all")
+    write(broken / "other.json", {"hello": "world"})
+    expected = (f"{broken}: no valid result file, 2 files skipped as invalid ({broken / 'notes.json'}: not JSON "
+                f"(Expecting value: line 1 column 1 (char 0)); {broken / 'other.json'}: not a benchmark result (no "
+                "schema_version))")
+    proc = run_report(broken)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert one_error_line(proc.stderr) == [f"report.py: error: {expected}"]
+    proc = run_report(FIXTURES / "native-weak-1proc.json", "--check-against", broken)
+    assert proc.returncode == 2 and one_error_line(proc.stderr) == [f"report.py: error: --check-against {expected}"]
+    for index in range(3):
+        write(broken / f"more-{index}.json", [index])
+    [line] = one_error_line(run_report(broken).stderr)
+    assert line.startswith(f"report.py: error: {broken}: no valid result file, 5 files skipped as invalid (")
+    assert line.endswith("; 2 more)")
+
+
 @pytest.mark.parametrize("args, message", [
     (["/no/such/folder"], "report.py: error: /no/such/folder: no such file or folder"),
     (["{empty}"], "report.py: error: no result files in {empty}"),
@@ -364,12 +558,10 @@ def test_files_that_are_not_results_are_skipped_with_one_warning_each(tmp_path):
     (["{fixtures}", "--check-against", "/no/such/reference"],
      "report.py: error: /no/such/reference: no such file or folder"),
     (["{fixtures}", "--check-against", "{empty}"], "report.py: error: --check-against {empty}: no result files"),
-    (["{fixtures}", "--check-readme", "{empty}/README.md"], "report.py: error: {empty}/README.md: cannot be read "
-                                                              "(FileNotFoundError: [Errno 2] No such file or "
-                                                              "directory: '{empty}/README.md')"),
-    (["{fixtures}", "--update-readme", "{fixtures}/../make_report_fixtures.sh"],
-     "report.py: error: {fixtures}/../make_report_fixtures.sh: needs exactly one '<!-- report:begin -->' "
-     "followed by one '<!-- report:end -->'"),
+    (["{fixtures}", "--check-markdown", "{empty}/results.md"],
+     "report.py: error: --check-markdown {empty}/results.md: cannot be read (No such file or directory)"),
+    (["{fixtures}", "--update-readme", "{empty}/README.md"],
+     "report.py: error: unrecognized arguments: --update-readme {empty}/README.md"),
     ([], "report.py: error: the following arguments are required: PATH"),
     (["{fixtures}", "--check-against", "{fixtures}", "--tolerance", ""],
      "report.py: error: --tolerance '': write a percentage (5%) or a fraction (0.05)"),
@@ -388,43 +580,41 @@ def test_unusable_invocations_exit_2_with_one_line(tmp_path, args, message):
     assert not list(empty.iterdir())  # an unusable reference stops the run before anything is written
 
 
-# ---------------------------------------------------------------------------- README section
+# ---------------------------------------------------------------------------- the generated Markdown file
 
-def test_committed_readme_agrees_with_the_report_of_results():
-    proc = run_report("results", "--check-readme", "README.md")
-    assert proc.returncode == 0, (proc.stderr + "\nrun: python report.py results --update-readme README.md")
-    assert proc.stdout.strip() == "README.md: the results section agrees with the report"
+def test_committed_results_markdown_agrees_with_the_report_of_results():
+    proc = run_report("results", "--check-markdown", "docs/results.md")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "docs/results.md: agrees with the report of results"
 
 
-def test_readme_update_replaces_only_the_section_and_check_sees_staleness(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("# Title\n\nintro\n\n<!-- report:begin -->\nold text\n<!-- report:end -->\n\noutro\n")
+def test_markdown_file_is_the_same_wherever_made_and_check_sees_staleness(tmp_path):
     results = tmp_path / "results" / "cpu-2026-11-29"
     for name in ("native-weak-1proc", "native-weak-2proc-a"):
         write(results / f"{name}.json", fixture(name))
-    stale = run_report("results", "--check-readme", "README.md", cwd=tmp_path)
-    assert stale.returncode == 1 and "--update-readme README.md" in stale.stderr
-    assert run_report("results", "--update-readme", "README.md", cwd=tmp_path).returncode == 0
-    text = readme.read_text()
-    assert text.startswith("# Title\n\nintro\n\n<!-- report:begin -->\n<!-- generated by `python report.py results "
-                           "--update-readme README.md`")
-    assert text.endswith("\n<!-- report:end -->\n\noutro\n") and "old text" not in text
-    assert "### CPU (" in text and "Results from `results/cpu-2026-11-29` (2 files)." in text
-    # The same section whichever way the folder is named and wherever the command runs.
-    again = run_report(tmp_path / "results", "--check-readme", readme, cwd=ROOT)
+    assert run_report("results", "--markdown", "results.md", cwd=tmp_path).returncode == 0
+    text = (tmp_path / "results.md").read_text()
+    # Paths relative to the file's folder where it lies outside the repository, as this one does (inside it, relative
+    # to the repository: docs/results.md names results/).
+    assert text.startswith("# Benchmark results\n\n<!-- generated by `python report.py results --markdown "
+                           "results.md`: edit the results, not this file -->\n\n")
+    assert "\n## CPU (" in text and "Results from `results/cpu-2026-11-29` (2 files)." in text
+    # The same file whichever way the folder is named and wherever the command runs.
+    again = run_report(tmp_path / "results", "--check-markdown", tmp_path / "results.md", cwd=ROOT)
     assert again.returncode == 0, again.stderr
-    assert run_report("results", "--update-readme", "README.md", cwd=tmp_path).stdout.strip() == \
-        "README.md: results section already up to date"
-    assert readme.read_text() == text
+    write(results / "native-weak-2proc-b.json", fixture("native-weak-2proc-b"))
+    stale = run_report("results", "--check-markdown", "results.md", cwd=tmp_path)
+    assert stale.returncode == 1 and stale.stdout == ""
+    assert one_error_line(stale.stderr) == ["results.md: differs from the report of results: run python report.py "
+                                            "results --markdown results.md"]
+    assert (tmp_path / "results.md").read_text() == text  # a check writes nothing
 
 
-def test_readme_section_without_results_says_so(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("<!-- report:begin -->\n<!-- report:end -->\n")
+def test_markdown_file_without_results_says_so(tmp_path):
     (tmp_path / "results").mkdir()
-    assert run_report("results", "--update-readme", "README.md", cwd=tmp_path).returncode == 0
-    assert "No results committed yet" in readme.read_text()
-    assert run_report("results", "--check-readme", "README.md", cwd=tmp_path).returncode == 0
+    assert run_report("results", "--markdown", "results.md", cwd=tmp_path).returncode == 0
+    assert "No results committed yet" in (tmp_path / "results.md").read_text()
+    assert run_report("results", "--check-markdown", "results.md", cwd=tmp_path).returncode == 0
 
 
 def test_compiled_ddp_mode_is_read_from_what_each_script_does(report):
@@ -470,6 +660,19 @@ def test_cudnn_benchmark_limit_is_pytorchs_default_where_a_result_recorded_none(
     assert report.effective_options({"cudnn_benchmark": False}, report.NATIVE, 1)["cudnn_benchmark_limit"] is None
     assert report.effective_options({"cudnn_benchmark": True, "cudnn_benchmark_limit": 0}, report.NATIVE,
                                     1)["cudnn_benchmark_limit"] == 0
+    # The current harness records null: it leaves PyTorch's limit as it is.
+    assert report.effective_options({"cudnn_benchmark": True, "cudnn_benchmark_limit": None}, report.NATIVE,
+                                    1)["cudnn_benchmark_limit"] == 10
+
+
+def test_ddp_options_and_loss_scale_are_the_defaults_where_a_result_recorded_none(report):
+    """Results from before --broadcast-buffers and --loss-scale ran DDP's buffer broadcast and, in fp16, the dynamic
+    GradScaler, which is what the current harness records for a run without those options."""
+    assert report.effective_options({}, report.OSS, 2)["broadcast_buffers"] is True
+    assert report.effective_options({"broadcast_buffers": False}, report.OSS, 2)["broadcast_buffers"] is False
+    assert report.effective_options({"grad_scaler": True}, report.NATIVE, 1)["loss_scale"] == "dynamic"
+    assert report.effective_options({"grad_scaler": False}, report.NATIVE, 1)["loss_scale"] is None
+    assert report.effective_options({"loss_scale": 1024.0}, report.NATIVE, 1)["loss_scale"] == 1024.0
 
 
 def test_stem_and_batch_norm_are_torchvisions_where_a_result_recorded_none(report):
@@ -482,7 +685,8 @@ def test_stem_and_batch_norm_are_torchvisions_where_a_result_recorded_none(repor
     recorded = {"stem_conv": "space_to_depth", "max_pool_backward": "dense", "batch_norm": "sums"}
     assert report.effective_options(recorded, report.NATIVE, 1) == {**recorded, "comm_hook": "none",
                                                                     "coordinate_descent_tuning": False,
-                                                                    "cudnn_benchmark_limit": None}
+                                                                    "cudnn_benchmark_limit": None,
+                                                                    "broadcast_buffers": True, "loss_scale": None}
     assert "stem_conv" not in report.effective_options({}, report.OSS, 2)
     assert "batch_norm" not in report.effective_options({}, report.OSS, 2)
 
