@@ -152,21 +152,60 @@ def assert_slurm_result(job, path, benchmark, world_size):
 # ---------------------------------------------------------------------------------------- working jobs
 
 @pytest.fixture(scope="session")
-def native_job(cluster, tmp_path_factory):
-    """The native script submitted from a working directory outside the repository (BENCH_ROOT names it) without
-    --output or BENCH_RESULTS_DIR, with an option of benchmark_extras.py; and what git saw in results/ before."""
-    workdir = tmp_path_factory.mktemp("workdir")
+def strong_sweep(cluster, tmp_path_factory):
+    """A strong-scaling sweep of the native script over 1 and 2 processes, called from a directory outside the
+    repository without BENCH_RESULTS_DIR, with an option of benchmark_extras.py for the benchmark; the sweep's
+    output, its run folder and what git saw in results/ before."""
+    workdir = tmp_path_factory.mktemp("sweep-workdir")
     before = committed_results_state()
-    job = submit(cluster, workdir, ROOT / "slurm" / "ddp_resnet50.sbatch", CPU_JOB, ["--bucket-cap-mb", "10"],
-                 cwd=workdir, default_results=True, BENCH_ROOT=str(ROOT), BENCH_DEVICE="cpu", BENCH_RUN_NAME="native")
+    env = job_env(cluster, BENCH_DEVICE="cpu", SWEEP_GPUS="1 2", SWEEP_WAIT="1", SWEEP_POLL_S="0.5",
+                  BENCH_RUN_NAME="strong-sweep")
+    proc = subprocess.run([ROOT / "slurm" / "scaling_sweep.sh", "strong", "--bucket-cap-mb", "10"],
+                          capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
+    return proc, workdir / "runs" / "strong-sweep", before
+
+
+@pytest.fixture(scope="session")
+def lightning_job(cluster, tmp_path_factory):
+    """The Lightning twin's script submitted from a directory outside the repository (BENCH_ROOT names it)
+    without --output or BENCH_RESULTS_DIR; the job, that directory and what git saw in results/ before."""
+    workdir = tmp_path_factory.mktemp("lightning-workdir")
+    before = committed_results_state()
+    job = submit(cluster, workdir, ROOT / "slurm" / "lightning_ddp_resnet50.sbatch", CPU_JOB, cwd=workdir,
+                 default_results=True, BENCH_ROOT=str(ROOT), BENCH_DEVICE="cpu", BENCH_RUN_NAME="lightning")
     return job, workdir, before
 
 
-def test_native_sbatch_runs_two_slurm_tasks(native_job):
-    job, workdir, _ = native_job
-    path = workdir / "runs" / "native" / f"ddp_resnet50-1n2cpu-job{job.id}.json"
+def sweep_points(strong_sweep):
+    """(processes, Job) for each point of the sweep, from its sweep.tsv and the job logs beside it."""
+    proc, run_dir, _ = strong_sweep
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split("\t") for line in (run_dir / "sweep.tsv").read_text().splitlines()[1:]]
+    assert [row[:4] for row in rows] == [["strong", "1", "1", "1"], ["strong", "2", "1", "2"]]
+    return [(int(count), Job(job_id, 0, run_dir / f"ddp_resnet50-strong-{count}-{job_id}.out", proc.stdout))
+            for _, count, _, _, job_id, _ in rows]
+
+
+def test_strong_scaling_sweep_keeps_the_global_batch(strong_sweep):
+    _, run_dir, _ = strong_sweep
+    batches = []
+    for count, job in sweep_points(strong_sweep):
+        assert job.log, job.describe()  # the job log sits next to the results
+        result = read_result(run_dir / f"ddp_resnet50-1n{count}cpu-job{job.id}.json")
+        assert result["status"] == "ok" and result["world"]["launcher"] == "slurm"
+        assert result["world"]["slurm_job_id"] == job.id and result["world"]["world_size"] == count
+        config = result["config"]
+        batches.append((config["batch_mode"], config["global_batch_size"], config["batch_size_per_device"]))
+    # CPU mode's default: 4 images per process at the smallest point, split over more processes.
+    assert batches == [("global", 4, 4), ("global", 4, 2)]
+
+
+def test_native_sbatch_runs_two_slurm_tasks(strong_sweep):
+    _, run_dir, _ = strong_sweep
+    _, job = sweep_points(strong_sweep)[1]  # the 2-process point
+    path = run_dir / f"ddp_resnet50-1n2cpu-job{job.id}.json"
     result = assert_slurm_result(job, path, "ddp_resnet50.py", 2)
-    assert result["config"]["image_size"] == 32 and result["config"]["batch_size_per_device"] == 4
+    assert result["config"]["image_size"] == 32
     # An option of benchmark_extras.py, which the script imports from the repository only when it is given.
     assert result["config"]["bucket_cap_mb"] == 10
     # The batch script named the rendezvous host from Slurm's node list; the ranks used it.
@@ -176,21 +215,27 @@ def test_native_sbatch_runs_two_slurm_tasks(native_job):
     assert job.closing_files() == [str(path)], job.describe()
 
 
-def test_result_without_output_goes_to_runs_not_to_committed_results(native_job):
-    job, workdir, before = native_job
-    assert job.returncode == 0, job.describe()
-    assert [path.relative_to(workdir).as_posix() for path in workdir.rglob("*.json")] == [
-        f"runs/native/ddp_resnet50-1n2cpu-job{job.id}.json"]
-    assert committed_results_state() == before
-
-
-def test_lightning_sbatch_runs_two_slurm_tasks(cluster, results_dir):
-    job = submit(cluster, results_dir, "slurm/lightning_ddp_resnet50.sbatch", CPU_JOB, BENCH_DEVICE="cpu",
-                 BENCH_RUN_NAME="lightning")
-    path = results_dir / "lightning" / f"lightning_ddp_resnet50-1n2cpu-job{job.id}.json"
+def test_lightning_sbatch_runs_two_slurm_tasks(lightning_job):
+    job, workdir, _ = lightning_job
+    path = workdir / "runs" / "lightning" / f"lightning_ddp_resnet50-1n2cpu-job{job.id}.json"
     assert_slurm_result(job, path, "lightning/ddp_resnet50.py", 2)
     # --devices and --num-nodes came from the job's shape.
     assert "--devices 2 --num-nodes 1" in job.log
+    assert job.closing_files() == [str(path)], job.describe()
+
+
+def test_results_without_output_go_to_runs_not_to_committed_results(lightning_job, strong_sweep):
+    # Each was started from a directory of its own, without --output or BENCH_RESULTS_DIR.
+    job, workdir, before = lightning_job
+    assert job.returncode == 0, job.describe()
+    assert [path.relative_to(workdir).as_posix() for path in workdir.rglob("*.json")] == [
+        f"runs/lightning/lightning_ddp_resnet50-1n2cpu-job{job.id}.json"]
+    assert committed_results_state() == before
+    proc, run_dir, before = strong_sweep
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(path.name for path in run_dir.parent.parent.rglob("*.json")) == sorted(
+        f"ddp_resnet50-1n{count}cpu-job{point.id}.json" for count, point in sweep_points(strong_sweep))
+    assert committed_results_state() == before
 
 
 def test_lightning_tasks_inside_salloc_do_not_look_interactive(cluster, tmp_path):
@@ -205,31 +250,6 @@ def test_lightning_tasks_inside_salloc_do_not_look_interactive(cluster, tmp_path
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tasks = sorted(line for line in proc.stdout.splitlines() if line.startswith("task "))
     assert tasks == [f"task {rank} of 2 in job named lightning_ddp_resnet50" for rank in (0, 1)], proc.stdout
-
-
-def test_strong_scaling_sweep_keeps_the_global_batch(cluster, tmp_path):
-    # Called from a directory outside the repository without BENCH_RESULTS_DIR: the run folder is runs/ there.
-    before = committed_results_state()
-    env = job_env(cluster, BENCH_DEVICE="cpu", SWEEP_GPUS="1 2", SWEEP_WAIT="1", SWEEP_POLL_S="0.5",
-                  BENCH_RUN_NAME="strong-sweep")
-    proc = subprocess.run([ROOT / "slurm" / "scaling_sweep.sh", "strong"], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    run_dir = tmp_path / "runs" / "strong-sweep"
-    rows = [line.split("\t") for line in (run_dir / "sweep.tsv").read_text().splitlines()[1:]]
-    assert [row[:4] for row in rows] == [["strong", "1", "1", "1"], ["strong", "2", "1", "2"]]
-    batches = []
-    for _, count, _, _, job_id, _ in rows:
-        path = run_dir / f"ddp_resnet50-1n{count}cpu-job{job_id}.json"
-        result = read_result(path)
-        assert result["status"] == "ok" and result["world"]["launcher"] == "slurm"
-        assert result["world"]["slurm_job_id"] == job_id and result["world"]["world_size"] == int(count)
-        assert (run_dir / f"ddp_resnet50-strong-{count}-{job_id}.out").exists()  # the job log sits next to it
-        config = result["config"]
-        batches.append((config["batch_mode"], config["global_batch_size"], config["batch_size_per_device"]))
-    # CPU mode's default: 4 images per process at the smallest point, split over more processes.
-    assert batches == [("global", 4, 4), ("global", 4, 2)]
-    assert committed_results_state() == before
 
 
 def test_oss_sbatch_runs_each_strategy_in_one_job(cluster, results_dir):
