@@ -208,7 +208,7 @@ bench_build_args() {
     if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then
       restart=".restart$SLURM_RESTART_COUNT"
     fi
-    # runs/ of the working directory (git-ignored in the repository): a job's result is committed only on purpose.
+    # runs/ of the working directory (git-ignored in the repository): results are committed only on purpose.
     BENCH_OUTPUT=${BENCH_RESULTS_DIR:-$PWD/runs}/$run/$BENCH_NAME-${BENCH_NODES}n${BENCH_TASKS_PER_NODE}$unit-job$SLURM_JOB_ID$restart.json
     mkdir -p "$(dirname "$BENCH_OUTPUT")"
     BENCH_ARGS+=(--output "$BENCH_OUTPUT")
@@ -216,15 +216,16 @@ bench_build_args() {
   BENCH_ARGS+=("$@")
 }
 
-# The result files this job may write, with what identifies each file's current version (device, inode,
-# modification time): the one file, one per strategy (<stem>-<strategy>.json) when oss_benchmark.py runs
-# several, and <stem>.<pid>.json where a run found its file taken. Prints "identity<TAB>path" lines.
+# The result files this job may write, each with what identifies its current version (device, inode, size,
+# modification time to the nanosecond): the one file, one per strategy (<stem>-<strategy>.json) when
+# oss_benchmark.py runs several, and <stem>.<pid>.json where a run found its file taken meanwhile.
+# Prints "identity<TAB>path" lines.
 bench_result_files() {
   local stem=${BENCH_OUTPUT%.json} file
   shopt -s nullglob
   for file in "$BENCH_OUTPUT" "$stem"-*.json "$stem".[0-9]*.json; do
     if [ -f "$file" ]; then
-      printf '%s\t%s\n' "$(stat -c '%d:%i:%.9Y' -- "$file")" "$file"
+      printf '%s\t%s\n' "$(stat -c '%d:%i:%s:%y' -- "$file")" "$file"
     fi
   done
   shopt -u nullglob

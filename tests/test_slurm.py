@@ -135,7 +135,7 @@ def submit(cluster, directory, script, options=(), args=(), timeout=240, **setti
     return Job(job_id, returncode, log, output)
 
 
-def assert_slurm_result(job, path, benchmark, world_size):
+def assert_slurm_result(job, path, benchmark, world_size, steps=6):
     assert job.returncode == 0, job.describe()
     assert path.exists(), job.describe()
     result = read_result(path)  # validates against schema/result.schema.json
@@ -145,7 +145,7 @@ def assert_slurm_result(job, path, benchmark, world_size):
     assert (world["world_size"], world["num_nodes"], world["devices_per_node"]) == (world_size, 1, world_size)
     assert world["backend"] == "gloo" and result["config"]["device"] == "cpu"
     assert result["checks"]["parameters_synchronized"] is True
-    assert result["checks"]["steps_run_per_rank"] == [6] * world_size  # 2 warm-up + 4 timed: CPU mode's size
+    assert result["checks"]["steps_run_per_rank"] == [steps] * world_size  # CPU mode's: 2 warm-up + 4 timed
     return result
 
 
@@ -253,15 +253,16 @@ def test_lightning_tasks_inside_salloc_do_not_look_interactive(cluster, tmp_path
 
 
 def test_oss_sbatch_runs_each_strategy_in_one_job(cluster, results_dir):
-    # Two strategies, not the default `all`: every strategy of `all` costs a CPU job's worth of time here,
-    # and two already show the sequence of strategies in one Slurm job and the per-strategy result files.
+    # Two strategies, not the default `all`, and fewer steps than CPU mode's: every strategy costs a CPU job's
+    # worth of time here, and two already show the sequence of strategies in one Slurm job and the
+    # per-strategy result files.
     job = submit(cluster, results_dir, "slurm/oss_benchmark.sbatch", CPU_JOB, timeout=400, BENCH_DEVICE="cpu",
-                 BENCH_RUN_NAME="oss", BENCH_STRATEGY="ddp,zero1")
+                 BENCH_RUN_NAME="oss", BENCH_STRATEGY="ddp,zero1", BENCH_WARMUP_STEPS="1", BENCH_STEPS="2")
     assert job.returncode == 0, job.describe()
     paths = [results_dir / "oss" / f"oss_benchmark-ddp+zero1-1n2cpu-job{job.id}-{strategy}.json"
              for strategy in ("ddp", "zero1")]
     for strategy, path in zip(("ddp", "zero1"), paths):
-        result = assert_slurm_result(job, path, "oss_benchmark.py", 2)
+        result = assert_slurm_result(job, path, "oss_benchmark.py", 2, steps=3)
         assert result["strategy"] == strategy
     assert sorted(job.closing_files()) == [str(path) for path in paths], job.describe()
 
