@@ -54,11 +54,14 @@ def job_env(cluster, results_dir=None, **settings):
 
 
 def committed_results_state():
-    """What git sees in the committed results/ tree (modified and new files alike)."""
+    """What git sees in the committed results/ tree (modified and new files alike); outside a git checkout,
+    every file there with its size and modification time."""
     proc = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", "results"],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    if proc.returncode == 0:
+        return proc.stdout
+    return sorted((str(path), path.stat().st_size, path.stat().st_mtime_ns)
+                  for path in (ROOT / "results").rglob("*") if path.is_file())
 
 
 def stand_in(directory, name, body):
@@ -118,8 +121,11 @@ def wait_for(cluster, job_id, timeout):
     between looks, which adds up over the many short jobs here. Finished jobs stay listed for MinJobAge (5 s)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        record = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True,
-                                env=cluster.env(), timeout=30).stdout
+        proc = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True,
+                              env=cluster.env(), timeout=30)
+        record = proc.stdout
+        if "Invalid job id" in proc.stderr:
+            pytest.fail(f"Slurm job {job_id} was purged before its end was seen: {proc.stderr.strip()}")
         if ENDED.search(record):
             code, signal_number = map(int, re.search(r"\bExitCode=(\d+):(\d+)", record).groups())
             return 128 + signal_number if signal_number else code
@@ -275,8 +281,7 @@ def test_closing_line_names_only_files_this_job_wrote(cluster, tmp_path):
                        'target=${output%.json}-ddp.json\n'
                        '[ "$SLURM_PROCID" != 0 ] || { echo "{}" >"$target.tmp" && mv "$target.tmp" "$target"; }')
     job_id, log, output = sbatch(cluster, tmp_path, "slurm/ddp_resnet50.sbatch", ["--hold", *CPU_JOB],
-                                 BENCH_DEVICE="cpu", BENCH_PYTHON=rewrite,
-                                 BENCH_RUN_NAME="reused")
+                                 BENCH_DEVICE="cpu", BENCH_PYTHON=rewrite, BENCH_RUN_NAME="reused")
     assert job_id, output
     stem = tmp_path / "reused" / f"ddp_resnet50-1n2cpu-job{job_id}"
     older = [pathlib.Path(f"{stem}{suffix}.json") for suffix in ("", "-ddp", "-zero1", ".4242")]
