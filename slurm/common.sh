@@ -8,7 +8,8 @@
 #   BENCH_BATCH_SIZE_PER_DEVICE weak scaling: images per device (default: the script's, 256 on GPU)
 #   BENCH_GLOBAL_BATCH_SIZE     strong scaling: images per step over all devices (divisible by the world size)
 #   BENCH_STEPS, BENCH_WARMUP_STEPS, BENCH_PRECISION, BENCH_IMAGE_SIZE, BENCH_TIMEOUT: the script's options
-#   BENCH_RUN_NAME              results/<run name>/ (default: the job name); BENCH_RESULTS_DIR (default results/)
+#   BENCH_RUN_NAME              <results dir>/<run name>/ (default: the job name)
+#   BENCH_RESULTS_DIR           where run folders go (default: runs/ in the job's working directory, git-ignored)
 #   BENCH_PYTHON                the interpreter (default: active venv, else the repository's .venv, else python3)
 #   BENCH_VENV                  a virtual environment to activate first
 #   BENCH_MODULES               site-specific: modules to `module load` first, e.g. "cuda/12.4 nccl"
@@ -77,6 +78,7 @@ bench_gpus_on_node() {
 bench_check_layout() {
   [ -n "${SLURM_JOB_ID:-}" ] || bench_die "not inside a Slurm job: submit with sbatch (or run it in an salloc allocation)"
   BENCH_DEVICE=${BENCH_DEVICE:-cuda}
+  BENCH_GPUS_ON_NODE=""
   case "$BENCH_DEVICE" in
     cuda | cpu) ;;
     *) bench_die "BENCH_DEVICE=$BENCH_DEVICE: use cuda or cpu" ;;
@@ -95,18 +97,37 @@ bench_check_layout() {
     bench_die "--ntasks=$SLURM_NTASKS is not --nodes ($BENCH_NODES) x --ntasks-per-node ($BENCH_TASKS_PER_NODE): give only --nodes and --ntasks-per-node"
   fi
   if [ "$BENCH_DEVICE" = cuda ]; then
-    local gpus requested
+    local gpus
     gpus=$(bench_gpus_on_node)
-    # --gpus-per-node=[type:]N; with --exclusive Slurm allocates every GPU of the node, more than asked for.
-    requested=${SLURM_GPUS_PER_NODE##*:}
     if (( gpus == 0 )); then
       bench_die "no GPU allocated to this job: submit with --gpus-per-node=$BENCH_TASKS_PER_NODE (or --gres=gpu:$BENCH_TASKS_PER_NODE where the site uses that), or set BENCH_DEVICE=cpu for a CPU run"
     elif (( gpus < BENCH_TASKS_PER_NODE )); then
       bench_die "$BENCH_TASKS_PER_NODE tasks per node but only $gpus GPU(s) per node: one task per GPU, so ask for --gpus-per-node=$BENCH_TASKS_PER_NODE or --ntasks-per-node=$gpus"
-    elif (( gpus > BENCH_TASKS_PER_NODE )) && [ "$requested" != "$BENCH_TASKS_PER_NODE" ]; then
+    elif (( gpus > BENCH_TASKS_PER_NODE )) && ! bench_requested_gpus_per_node "$BENCH_TASKS_PER_NODE"; then
       bench_die "$gpus GPUs per node but only $BENCH_TASKS_PER_NODE task(s) per node: one task per GPU, so ask for --ntasks-per-node=$gpus or --gpus-per-node=$BENCH_TASKS_PER_NODE"
     fi
+    BENCH_GPUS_ON_NODE=$gpus
   fi
+}
+
+# True when the job asked for exactly $1 GPUs per node. With --exclusive Slurm allocates every GPU of the
+# node, more than asked for; the request itself is in SLURM_GPUS_PER_NODE ([type:]N) for --gpus-per-node,
+# but --gres=gpu:[type:]N leaves it unset and only the job record has it (TresPerNode=gres:gpu:N, or
+# gres/gpu:N in later Slurm versions).
+bench_requested_gpus_per_node() {
+  local want=$1 entry entries
+  if [ -n "${SLURM_GPUS_PER_NODE:-}" ]; then
+    [ "${SLURM_GPUS_PER_NODE##*:}" = "$want" ]
+    return
+  fi
+  entries=$(scontrol show job --oneliner "$SLURM_JOB_ID" 2>/dev/null | grep -o 'TresPerNode=[^ ]*' || true)
+  IFS=, read -r -a entries <<<"${entries#TresPerNode=}"
+  for entry in "${entries[@]}"; do
+    if [[ $entry =~ ^gres[:/]gpu(:[^:=]+)?[:=]([0-9]+)$ ]] && [ "${BASH_REMATCH[2]}" = "$want" ]; then
+      return 0
+    fi
+  done
+  return 1
 }
 
 # Modules, venv and interpreter: the site-specific part of the job's environment.
@@ -187,11 +208,27 @@ bench_build_args() {
     if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then
       restart=".restart$SLURM_RESTART_COUNT"
     fi
-    BENCH_OUTPUT=${BENCH_RESULTS_DIR:-$BENCH_ROOT/results}/$run/$BENCH_NAME-${BENCH_NODES}n${BENCH_TASKS_PER_NODE}$unit-job$SLURM_JOB_ID$restart.json
+    # runs/ of the working directory (git-ignored in the repository): results are committed only on purpose.
+    BENCH_OUTPUT=${BENCH_RESULTS_DIR:-$PWD/runs}/$run/$BENCH_NAME-${BENCH_NODES}n${BENCH_TASKS_PER_NODE}$unit-job$SLURM_JOB_ID$restart.json
     mkdir -p "$(dirname "$BENCH_OUTPUT")"
     BENCH_ARGS+=(--output "$BENCH_OUTPUT")
   fi
   BENCH_ARGS+=("$@")
+}
+
+# The result files this job may write, each with what identifies its current version (device, inode, size,
+# modification time to the nanosecond): the one file, one per strategy (<stem>-<strategy>.json) when
+# oss_benchmark.py runs several, and <stem>.<pid>.json where a run found its file taken meanwhile.
+# Prints "identity<TAB>path" lines.
+bench_result_files() {
+  local stem=${BENCH_OUTPUT%.json} file
+  shopt -s nullglob
+  for file in "$BENCH_OUTPUT" "$stem"-*.json "$stem".[0-9]*.json; do
+    if [ -f "$file" ]; then
+      printf '%s\t%s\n' "$(stat -c '%d:%i:%s:%y' -- "$file")" "$file"
+    fi
+  done
+  shopt -u nullglob
 }
 
 # srun one task per device on every node; returns the step's exit status (the job's).
@@ -208,18 +245,23 @@ bench_launch() {
   if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
     export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
   fi
-  echo "== $BENCH_NAME: Slurm job $SLURM_JOB_ID on $BENCH_NODES node(s) x $BENCH_TASKS_PER_NODE task(s) ($BENCH_DEVICE), MASTER_ADDR=$MASTER_ADDR"
+  echo "== $BENCH_NAME: Slurm job $SLURM_JOB_ID on $BENCH_NODES node(s) x $BENCH_TASKS_PER_NODE task(s) ($BENCH_DEVICE${BENCH_GPUS_ON_NODE:+, $BENCH_GPUS_ON_NODE GPU(s) on the first node}), MASTER_ADDR=$MASTER_ADDR"
   echo "== $BENCH_PYTHON $script $*"
+  # Files of these names may be older than the job: a Slurm job id comes again after the cluster's
+  # controller starts afresh, and --output may name an existing file. The closing line names only the
+  # files that are new or were rewritten while the job ran.
+  local before after written=() line
+  before=$(bench_result_files)
   # --kill-on-bad-exit=0 (whatever the site's default): when one rank dies, the others notice within a
   # step and write a result that says which rank failed and how; killing them at once would lose it.
   srun --kill-on-bad-exit=0 --nodes="$BENCH_NODES" --ntasks-per-node="$BENCH_TASKS_PER_NODE" \
     "$BENCH_PYTHON" "$BENCH_ROOT/$script" "$@" || status=$?
-  # One file, or one per strategy (<stem>-<strategy>.json) when oss_benchmark.py runs several.
-  local results
-  shopt -s nullglob
-  results=("$BENCH_OUTPUT" "${BENCH_OUTPUT%.json}"-*.json)
-  shopt -u nullglob
-  [ -f "${results[0]}" ] || results=("${results[@]:1}")
-  echo "== srun exit status $status; result file(s): ${results[*]:-none}"
+  after=$(bench_result_files)
+  while IFS= read -r line; do
+    if [ -n "$line" ] && ! grep -qxF -- "$line" <<<"$before"; then
+      written+=("${line#*$'\t'}")
+    fi
+  done <<<"$after"
+  echo "== srun exit status $status; result file(s): ${written[*]:-none}"
   return "$status"
 }

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Weak- or strong-scaling sweep: one Slurm job per GPU count, all writing into one run folder,
-# results/<run name>/, each result named with its job id, plus sweep.tsv listing the points.
+# runs/<run name>/ of the directory it is called from, each result named with its job id, plus sweep.tsv
+# listing the submitted points.
 #
 #   slurm/scaling_sweep.sh weak                 # 1, 2, 4, 8 GPUs, the script's per-GPU batch (256) at every point
 #   slurm/scaling_sweep.sh strong               # 1, 2, 4, 8 GPUs sharing one global batch (default 256 x fewest GPUs)
@@ -17,6 +18,7 @@
 #   BENCH_BATCH_SIZE_PER_DEVICE (weak), BENCH_GLOBAL_BATCH_SIZE (strong), and every other BENCH_* setting of
 #                          slurm/common.sh, passed to the jobs through sbatch's environment
 #   BENCH_RUN_NAME         the run folder (default <weak|strong>-<script>-<UTC time>)
+#   BENCH_RESULTS_DIR      where the run folder goes (default runs/ of the current directory)
 #   SWEEP_WAIT=1           wait for every job, then print each point's status and fail unless all are ok
 #   sbatch's own SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_TIMELIMIT, ... choose the site's partition and account.
 set -euo pipefail
@@ -80,14 +82,21 @@ fi
 
 name=$(basename "$script" .sbatch)
 export BENCH_ROOT=$root
-export BENCH_RESULTS_DIR=${BENCH_RESULTS_DIR:-$root/results}
+# The jobs run in the repository root, so a relative folder is made absolute from here, where it was meant.
+BENCH_RESULTS_DIR=${BENCH_RESULTS_DIR:-runs}
+[[ $BENCH_RESULTS_DIR == /* ]] || BENCH_RESULTS_DIR=$PWD/$BENCH_RESULTS_DIR
+export BENCH_RESULTS_DIR
 export BENCH_RUN_NAME=${BENCH_RUN_NAME:-$mode-$name-$(date -u +%Y%m%dT%H%M%SZ)}
 run_dir=$BENCH_RESULTS_DIR/$BENCH_RUN_NAME
 # Slurm does not create the folder of --output: the job logs go next to the results.
+made_run_dir=0
+[ -d "$run_dir" ] || made_run_dir=1
 mkdir -p "$run_dir"
 manifest=$run_dir/sweep.tsv
-[ -e "$manifest" ] || printf 'mode\tgpus\tnodes\ttasks_per_node\tjob_id\tscript\n' >"$manifest"
+sbatch_errors=$(mktemp)
+trap 'rm -f "$sbatch_errors"' EXIT
 
+unit=$([ "$device" = cpu ] && echo process || echo GPU)
 echo "== $mode scaling of $name over ${counts[*]} $([ "$device" = cpu ] && echo CPU processes || echo GPUs), $batch_note -> $run_dir"
 job_ids=()
 for count in "${counts[@]}"; do
@@ -106,9 +115,23 @@ for count in "${counts[@]}"; do
   else
     options+=(--gpus-per-node="$tasks")
   fi
-  job=$(cd "$root" && sbatch "${options[@]}" "$script" "$@")
+  if ! job=$(cd "$root" && sbatch "${options[@]}" "$script" "$@" 2>"$sbatch_errors"); then
+    # sbatch's last line says why (e.g. "Batch job submission failed: Invalid partition name specified").
+    reason=$(sed -e '/^[[:space:]]*$/d' -e 's/^sbatch: error: //' "$sbatch_errors" | tail -n 1)
+    if [ "${#job_ids[@]}" = 0 ]; then
+      [ "$made_run_dir" = 0 ] || rmdir "$run_dir" 2>/dev/null || true
+      submitted="nothing was submitted"
+    else
+      submitted="already submitted: job(s) ${job_ids[*]}, listed in $manifest (scancel $(IFS=,; echo "${job_ids[*]}") cancels them)"
+    fi
+    echo "scaling_sweep.sh: error: sbatch failed for the $count-$unit point (${reason:-no message}): $submitted" >&2
+    exit 1
+  fi
+  cat "$sbatch_errors" >&2  # sbatch's warnings, if any
   job=${job%%;*}  # --parsable prints "id" or "id;cluster"
   job_ids+=("$job")
+  # Written with the first submitted job: a sweep that submitted nothing leaves no manifest behind.
+  [ -e "$manifest" ] || printf 'mode\tgpus\tnodes\ttasks_per_node\tjob_id\tscript\n' >"$manifest"
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$count" "$nodes" "$tasks" "$job" "$script" >>"$manifest"
   echo "   $count: $nodes node(s) x $tasks -> job $job"
 done

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
-CLIENTS = ("sbatch", "srun", "sinfo", "scontrol", "scancel")
+CLIENTS = ("sbatch", "srun", "salloc", "squeue", "sinfo", "scontrol", "scancel")
 
 
 def missing_reason():
@@ -69,9 +69,10 @@ def _alive(pid):
 
 class SlurmCluster:
     def __init__(self, directory, fake_gpus=2):
-        # A count-only GPU resource (no device files): Slurm allocates it and sets its real GPU variables
-        # (SLURM_GPUS_ON_NODE, ...), so the batch scripts' GPU checks meet Slurm's own values; nothing
-        # behind it can run CUDA.
+        # GPUs that are names only (plain files stand in for the device files): Slurm allocates them for
+        # --gpus-per-node as for --gres=gpu:N and sets its own GPU variables (SLURM_GPUS_ON_NODE, and
+        # SLURM_GPUS_PER_NODE for the former), so the batch scripts' GPU checks meet Slurm's own values;
+        # nothing behind them can run CUDA.
         self.fake_gpus = fake_gpus
         self.dir = pathlib.Path(directory).resolve()
         self.conf = self.dir / "slurm.conf"
@@ -140,6 +141,9 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# Schedule a submitted batch job within about a second, not up to 3 s later (batch_sched_delay's default):
+# the tests submit many short jobs one after the other.
+SchedulerParameters=batch_sched_delay=0
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
