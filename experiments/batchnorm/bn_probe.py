@@ -1,7 +1,7 @@
 """What ResNet-50's 53 batch norms cost in a compiled step, with PyTorch's batch norm and with the scripts'
 --sums-batch-norm.
 
-The compiled kernel profile (../stem/1gpu-compile-cdt-rank0.json) shows the forward batch-norm statistics
+The compiled kernel profile (../step-profile/data/profile-1gpu-compile-cdt-rank0.json) shows the forward batch-norm statistics
 kernels (Inductor's Welford reduction over N, H and W of a channels_last tensor) reading their input at about
 2.4 TB/s, where the normalisation kernels that follow read and write at 3.5-4.4 TB/s. This probe times batch
 norm followed by ReLU, forward and backward as in training (channels_last, batch 256, fp16 or bf16 input as
@@ -9,12 +9,12 @@ autocast hands it over, fp32 parameters), compiled, for each of the twelve batch
 224 px, with CUDA events around each iteration after a warm-up, and sums the medians weighted by how many batch
 norms of that shape the model has (53 in all; the model's adds before some ReLUs are left out).
 
-    python docs/diagnostics/batchnorm/bn_probe.py --batch-norm torchvision|sums [--precision fp16|bf16]
-                                                  [--coordinate-descent-tuning] [--json FILE]
-    python docs/diagnostics/batchnorm/bn_probe.py --check   # CPU, float64: sums batch norm is PyTorch's
+    python experiments/batchnorm/bn_probe.py --batch-norm torchvision|sums [--precision fp16|bf16] \\
+        [--coordinate-descent-tuning] [--json FILE]
+    python experiments/batchnorm/bn_probe.py --check   # CPU, float64: sums batch norm is PyTorch's
 
---batch-norm sums is the harness's SumsBatchNorm2d (imported from ddp_resnet50.py): statistics from one pass of
-per-channel sums of x and x*x (shifted by the running mean) instead of Welford's update.
+--batch-norm sums is benchmark_extras.py's SumsBatchNorm2d, behind the scripts' --sums-batch-norm: statistics
+from one pass of per-channel sums of x and x*x (shifted by the running mean) instead of Welford's update.
 """
 import copy
 import pathlib
@@ -22,11 +22,10 @@ import sys
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
-import ddp_resnet50 as bench  # noqa: E402  (the harness's batch norm, median and MAD)
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-import probe_checks  # noqa: E402
+import probe_common as common  # noqa: E402
+
+extras = common.extras
 
 # (channels, height = width, how many of ResNet-50's batch norms have this shape at 224 px)
 SHAPES = [(64, 112, 1), (64, 56, 6), (256, 56, 4), (128, 56, 1), (128, 28, 7), (512, 28, 5), (256, 28, 1),
@@ -36,7 +35,7 @@ SHAPES = [(64, 112, 1), (64, 56, 6), (256, 56, 4), (128, 56, 1), (128, 28, 7), (
 def norm_and_relu(channels, form):
     norm = torch.nn.BatchNorm2d(channels)
     if form == "sums":
-        norm = bench.SumsBatchNorm2d.replacing(norm)
+        norm = extras.SumsBatchNorm2d.replacing(norm)
     return torch.nn.Sequential(norm, torch.nn.ReLU(inplace=True))
 
 
@@ -55,7 +54,7 @@ def randomized(channels, mean):
 def as_form(module, form):
     module = copy.deepcopy(module)
     if form == "sums":
-        bench.SumsBatchNorm2d.replacing(module[0])
+        extras.SumsBatchNorm2d.replacing(module[0])
     return module
 
 
@@ -95,18 +94,18 @@ def check():
           f"and compiled, both layouts); float32 at a mean of 1000: {difference:.1e} from float64")
 
 
-def main():
-    parser = bench.OneLineArgumentParser(description=__doc__.splitlines()[0])  # bad input: one line, exit 2
+def main(argv=None):
+    parser = common.OneLineArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-norm", choices=["torchvision", "sums"], default="torchvision")
     parser.add_argument("--precision", choices=["bf16", "fp16"], default="fp16")
     parser.add_argument("--coordinate-descent-tuning", action="store_true")
     parser.add_argument("--check", action="store_true")
-    parser.add_argument("--batch", type=bench.positive_int, default=256)
-    parser.add_argument("--iterations", type=bench.positive_int, default=50)
+    parser.add_argument("--batch", type=common.positive_int, default=256)
+    parser.add_argument("--iterations", type=common.positive_int, default=50)
     parser.add_argument("--json")
-    args = parser.parse_args()
-    if probe_checks.ran_cpu_check(args, check, "batch norms"):
-        return
+    args = parser.parse_args(argv)
+    if common.ran_cpu_check(args, check, "batch norms"):
+        return 0
     if args.coordinate_descent_tuning:
         torch._inductor.config.coordinate_descent_tuning = True
     device, dtype = torch.device("cuda"), {"bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
@@ -114,13 +113,13 @@ def main():
     shapes, total_ms = [], 0.0
     for channels, size, count in SHAPES:
         module = torch.compile(norm_and_relu(channels, args.batch_norm).to(device))
-        with probe_checks.fits_in_memory(f"--batch {args.batch}"):
+        with common.fits_in_memory(f"--batch {args.batch}"):
             x = torch.randn(args.batch, channels, size, size, device=device, dtype=dtype).contiguous(
                 memory_format=torch.channels_last).requires_grad_(True)
             grad = torch.randn_like(x)
             for _ in range(5):
                 module(x).backward(grad)
-        stats = probe_checks.time_iterations(lambda: module(x).backward(grad), args.iterations, device)
+        stats = common.time_iterations(lambda: module(x).backward(grad), args.iterations, device)
         total_ms += count * stats["median"]
         shapes.append({"channels": channels, "size": size, "count": count, "median_ms": stats["median"],
                        "mad_ms": stats["mad"], "min_ms": stats["min"]})
@@ -133,8 +132,9 @@ def main():
     print(f"batch-norm probe: {args.batch_norm}, {args.precision}, coordinate descent "
           f"{args.coordinate_descent_tuning}: the 53 batch norms + ReLU, forward and backward, {total_ms:.3f} ms")
     if args.json:
-        bench.write_json_atomically(args.json, result)
+        common.write_json(args.json, result)
+    return 0
 
 
 if __name__ == "__main__":
-    bench.run_guarded(main)
+    common.run_guarded(main)

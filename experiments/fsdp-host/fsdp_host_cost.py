@@ -2,19 +2,23 @@
 ResNet-50 (161) but two elements each, on the CPU, one process (gloo), one FSDP2 unit as oss_benchmark.py's
 default, against the same module unwrapped; foreach SGD with momentum as oss_benchmark.py's SGD.
 
-    python docs/diagnostics/fsdp-host/fsdp_host_cost.py [--profile]
+    python experiments/fsdp-host/fsdp_host_cost.py [--profile]
 
 Prints the host milliseconds per step of forward+backward and of the optimizer step for both, and with
 --profile the functions of the FSDP2 step by cumulative time (cProfile)."""
 import argparse
 import cProfile
 import os
-import pstats
+import pathlib
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import probe_common as common  # noqa: E402  (the profile's paths shortened)
 
 PARAMETERS = 161  # torchvision's resnet50: len(list(model.parameters()))
 
@@ -66,7 +70,7 @@ def main():
             profile.enable()
             timed(module, steps=20, warmup=0)
             profile.disable()
-            pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
+            common.print_profile(profile, "cumulative", 30)
     finally:
         dist.destroy_process_group()
 

@@ -1,9 +1,9 @@
 """Where Lightning's per-step host time goes, and how much it is on a given host: a trivial model (Linear 8 -> 4,
 4 samples), so that the step is almost all loop, trained by a plain loop and by Trainer(barebones=True).
 
-    python docs/diagnostics/lightning-interleaved/hook_profile.py [automatic|manual] \\
-        > docs/diagnostics/lightning-interleaved/hook_profile-output.txt
-    python docs/diagnostics/lightning-interleaved/hook_profile.py --timing [--device cuda --precision bf16] \\
+    python experiments/lightning-interleaved/hook_profile.py [automatic|manual] \\
+        > experiments/lightning-interleaved/hook_profile-output.txt
+    python experiments/lightning-interleaved/hook_profile.py --timing [--device cuda --precision bf16] \\
         [--repeats 5] [--output-json F]
 
 Both time the steady state (steps 500 to 2,900 of 3,000, between device synchronizations). The first form times
@@ -19,7 +19,6 @@ import logging
 import os
 import pathlib
 import platform
-import pstats
 import socket
 import statistics
 import sys
@@ -29,11 +28,8 @@ import warnings
 import lightning as L
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
-import ddp_resnet50 as bench  # noqa: E402  (the harness: one-line errors, JSON writing)
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-import probe_checks  # noqa: E402
+import probe_common as common  # noqa: E402
 
 STEPS, FIRST_MARK, LAST_MARK = 3000, 500, 2900
 inputs, labels = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), torch.arange(4)
@@ -133,7 +129,7 @@ def timing(options):
           f"{medians['plain']:.0f}, Trainer automatic {medians['automatic']:.0f} (+{result['lightning_cost_us']['automatic']:.0f}), "
           f"manual {medians['manual']:.0f} (+{result['lightning_cost_us']['manual']:.0f})")
     if options.output_json:
-        bench.write_json_atomically(options.output_json, result)
+        common.write_json(options.output_json, result)
     return result
 
 
@@ -149,34 +145,34 @@ def profile(mode):
     profiler.runcall(trainer.fit, Tiny(mode == "automatic"))
     print(f"{mode} optimization, steps {FIRST_MARK}-{LAST_MARK} of {STEPS}: plain loop {plain * 1e6:.0f} us a step, "
           f"Trainer {lightning * 1e6:.0f} us a step; the profiled Trainer ({STEPS} steps), by own time:")
-    pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(20)
+    common.print_profile(profiler, "tottime", 20, stream=sys.stdout)
 
 
 def main(argv=None):
-    parser = bench.OneLineArgumentParser(description=__doc__.split("\n\n")[0])  # bad input: one line, exit 2
+    parser = common.OneLineArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", nargs="?", choices=["automatic", "manual"], default="automatic",
                         help="the optimization the profiled Trainer runs")
     parser.add_argument("--timing", action="store_true", help="time the three loops without a profiler")
     parser.add_argument("--device", choices=["cpu", "cuda"])
     parser.add_argument("--precision", choices=["fp32", "bf16"])
-    parser.add_argument("--repeats", type=bench.positive_int)
+    parser.add_argument("--repeats", type=common.positive_int)
     parser.add_argument("--output-json")
     options = parser.parse_args(argv)
     timing_only = [f"--{name.replace('_', '-')}" for name in ("device", "precision", "repeats", "output_json")
                    if getattr(options, name) is not None]
     if not options.timing:
         if timing_only:
-            raise bench.UsageError(f"{', '.join(timing_only)} only with --timing (the profile runs on the CPU)")
+            raise common.UsageError(f"{', '.join(timing_only)} only with --timing (the profile runs on the CPU)")
         profile(options.mode)
         return 0
     options.device, options.precision = options.device or "cpu", options.precision or "fp32"
     options.repeats = options.repeats or 5
-    probe_checks.check_json_path(options.output_json, "--output-json")
+    common.check_json_path(options.output_json, "--output-json")
     if options.device == "cuda" and not torch.cuda.is_available():
-        raise bench.UsageError("--device cuda needs a CUDA GPU and none is visible")
+        raise common.UsageError("--device cuda needs a CUDA GPU and none is visible")
     timing(options)
     return 0
 
 
 if __name__ == "__main__":
-    bench.run_guarded(main)
+    common.run_guarded(main)

@@ -3,8 +3,8 @@ their pooled median. The block bootstrap resamples blocks as if all were indepen
 resamples whole runs (then pools their blocks), since blocks of one run share a machine and a host moment, and
 is the honest one when runs differ.
 
-    python docs/diagnostics/lightning-interleaved/pool.py \\
-        docs/diagnostics/lightning-interleaved/results/interleave-2gpu-bf16-32*.json
+    python experiments/lightning-interleaved/pool.py \\
+        experiments/lightning-interleaved/data/interleave-2gpu-bf16-32*.json
 """
 import argparse
 import json

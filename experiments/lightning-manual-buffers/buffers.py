@@ -5,17 +5,17 @@ Two CPU processes (gloo) train a Linear + BatchNorm1d under Lightning's DDPStrat
 rank 0's before every forward. At the start of every training_step each rank records its running mean; rank 0
 prints whether the two ranks held the same one, step by step.
 
-    python docs/diagnostics/lightning-manual-buffers/buffers.py automatic
-    python docs/diagnostics/lightning-manual-buffers/buffers.py manual
-    python docs/diagnostics/lightning-manual-buffers/buffers.py manual-restored
-    python docs/diagnostics/lightning-manual-buffers/buffers.py automatic manual   # several modes, one launch
+    python experiments/lightning-manual-buffers/buffers.py automatic
+    python experiments/lightning-manual-buffers/buffers.py manual
+    python experiments/lightning-manual-buffers/buffers.py manual-restored
+    python experiments/lightning-manual-buffers/buffers.py automatic manual   # several modes, one launch
 
 `manual-restored` sets DDP's require_forward_param_sync back to True after every step, so that DDP's forward
 broadcasts again. `manual-synced` is what lightning/ddp_resnet50.py does under manual optimization: DDP's forward
 does not broadcast (the flag False before every step), and training_step broadcasts itself (DDP's _sync_buffers),
 so that with --cuda-graphs the broadcast is captured with the step.
 
-    python docs/diagnostics/lightning-manual-buffers/buffers.py manual-synced
+    python experiments/lightning-manual-buffers/buffers.py manual-synced
 """
 import sys
 import warnings

@@ -1,16 +1,15 @@
-"""Where a 2-GPU DDP step loses time against a 1-GPU step: the native script's own step, profiled per kernel.
+"""Where the native script's training step spends its GPU time: its own step, profiled per kernel.
 
-The probe takes ddp_resnet50.py's options and builds exactly what the script builds (its `resolve_config` and
-`build_step`: model, DDP wrapper, optimizer, batch, compile and CUDA graph when asked), runs the script's warm-up
-steps, then profiles 5 steps with torch.profiler
-(CUDA activity) and summarises each rank's GPU timeline: the compute stream's busy time and idle gaps, NCCL's
-kernels and how much of them no computation hides, and the kernels by name, per step. `--compare` prints what
-the 2-GPU summary has that the 1-GPU one has not.
+The probe takes ddp_resnet50.py's options and builds exactly what the script builds (its configuration, `Run`
+and `build_step`: model, DDP wrapper, optimizer, batch, compile and CUDA graph when asked), runs the script's
+warm-up steps, then profiles 5 steps with torch.profiler (CUDA activity) and summarises each rank's GPU timeline:
+the compute stream's busy time and idle gaps, NCCL's kernels and how much of them no computation hides, and the
+kernels by name, per step. `--compare` prints what the second summary has that the first has not.
 
-    torchrun --nproc-per-node 1 docs/diagnostics/ddp-scaling/probe.py --out DIR --name 1gpu [script options]
-    torchrun --nproc-per-node 2 docs/diagnostics/ddp-scaling/probe.py --out DIR --name 2gpu [script options]
-    python docs/diagnostics/ddp-scaling/probe.py --compare DIR/1gpu-rank0.json DIR/2gpu-rank0.json
-    python docs/diagnostics/ddp-scaling/probe.py --from-trace DIR/2gpu-rank0.trace.json.gz DIR/2gpu-rank0.json
+    torchrun --nproc-per-node 1 experiments/step-profile/probe.py --out DIR --name 1gpu [script options]
+    torchrun --nproc-per-node 2 experiments/step-profile/probe.py --out DIR --name 2gpu [script options]
+    python experiments/step-profile/probe.py --compare DIR/1gpu-rank0.json DIR/2gpu-rank0.json
+    python experiments/step-profile/probe.py --from-trace DIR/2gpu-rank0.trace.json DIR/2gpu-rank0.json
 """
 import gzip
 import json
@@ -18,12 +17,13 @@ import os
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import probe_common as common  # noqa: E402
 
-import ddp_resnet50 as bench  # noqa: E402
+bench = common.bench
 
 ACTIVE = 5  # profiled steps; the first is left out of the summary
 
@@ -117,19 +117,31 @@ def summarise(trace_events, steps, step_ms):
 
 
 def profile_run(argv, out, name):
-    args = bench.parse_arguments([*argv, "--output", str(out / f"{name}-unused.json"), "--overwrite"])
-    launch = bench.detect_launch(os.environ)
-    config, count = bench.resolve_config(args, launch)
-    rank, world_size = launch["rank"], launch["world_size"]
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise bench.UsageError(f"--out {out} cannot be made ({error.strerror})") from None
-    device = bench.setup_device(config, launch, count)
-    bench.init_distributed(config, launch, device)
-    step, _ = bench.build_step(config, device, rank, world_size)
-    for _ in range(config["warmup_steps"]):
-        step()
+        raise common.UsageError(f"--out {out} cannot be made ({error.strerror})") from None
+    args = bench.parse_arguments([*argv, "--output", str(out / f"{name}-unused.json"), "--overwrite"])
+    launch = bench.detect_launch(os.environ)
+    cuda = args.device == "cuda" and torch.cuda.is_available()
+    count = torch.cuda.device_count() if cuda else 0
+    config = bench.resolve_harness_config(args, launch, bench.STRATEGY, cuda, count,
+                                          cuda and torch.cuda.is_bf16_supported())
+    config.update(model="resnet50", optimizer="sgd",  # as the script's main() chooses them
+                  optimizer_impl="fused" if cuda and not config["grad_scaler"] else "foreach")
+    rank, world_size = launch["rank"], launch["world_size"]
+    run, step = bench.Run(config, launch, count), None
+    try:
+        run.meet()
+        step, _ = bench.build_step(run)
+        for _ in range(config["warmup_steps"]):
+            step()
+        profile_steps(run.device, rank, world_size, step, argv, out, name)
+    finally:
+        bench.shut_down(step)
+
+
+def profile_steps(device, rank, world_size, step, argv, out, name):
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -156,7 +168,6 @@ def profile_run(argv, out, name):
         trace.unlink()
     if world_size > 1:
         dist.barrier()
-        dist.destroy_process_group()
     print(f"[rank {rank}] {name}: step {sorted(step_ms)[len(step_ms) // 2] if step_ms else 0:.2f} ms, compute idle "
           f"{summary.get('compute_idle_ms_per_step', 0):.2f} ms, NCCL exposed "
           f"{summary.get('nccl_exposed_ms_per_step', 0):.2f} ms a step", flush=True)
@@ -180,7 +191,7 @@ def compare(base_path, other_path):
 
 def from_trace(trace_path, steps, summary_path):
     """Summarise a kept trace again (the device run gzips rank 0's)."""
-    opener = gzip.open if trace_path.endswith(".gz") else open
+    opener = gzip.open if str(trace_path).endswith(".gz") else open
     with opener(trace_path, "rt") as handle:
         events = json.load(handle)["traceEvents"]
     summary = json.loads(pathlib.Path(summary_path).read_text())
@@ -193,12 +204,12 @@ def main(argv=None):
     for mode, run in (("--compare", compare), ("--from-trace", lambda trace, summary: from_trace(trace, ACTIVE, summary))):
         if argv[:1] == [mode]:
             if len(argv) != 3:
-                raise bench.UsageError(f"{mode} takes two files")
+                raise common.UsageError(f"{mode} takes two files")
             return run(*argv[1:])
     probe = {}
     for flag in ("--out", "--name"):
         if flag not in argv or argv.index(flag) + 1 >= len(argv):
-            raise bench.UsageError(f"the probe needs {flag} (see the docstring)")
+            raise common.UsageError(f"the probe needs {flag} (see the docstring)")
         index = argv.index(flag)
         probe[flag] = argv[index + 1]
         del argv[index:index + 2]
@@ -207,4 +218,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    bench.run_guarded(main)
+    common.run_guarded(main)
