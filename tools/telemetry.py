@@ -209,7 +209,8 @@ def main(argv=None):
         raise UsageError(str(error)) from None
     results = {path: load_result(path) for path in args.results}
     figures = {}
-    lines = ["| run | img/s | GPU | samples | SM MHz | power W (limit) | power-capped | °C |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | img/s | GPU | samples | SM MHz | power W (limit) | power-capped | °C |",
+             "|---|---|---|---|---|---|---|---|"]
     for path, result in results.items():
         summary = summarise_run(result, samples)
         name = pathlib.Path(path).stem

@@ -1,8 +1,8 @@
 """What ResNet-50's 53 batch norms cost in a compiled step, with PyTorch's batch norm and with the scripts'
 --sums-batch-norm.
 
-The compiled kernel profile (../step-profile/data/profile-1gpu-compile-cdt-rank0.json) shows the forward batch-norm statistics
-kernels (Inductor's Welford reduction over N, H and W of a channels_last tensor) reading their input at about
+The compiled kernel profile (../step-profile/data/profile-1gpu-compile-cdt-rank0.json) shows the forward batch-norm
+statistics kernels (Inductor's Welford reduction over N, H and W of a channels_last tensor) reading their input at about
 2.4 TB/s, where the normalisation kernels that follow read and write at 3.5-4.4 TB/s. This probe times batch
 norm followed by ReLU, forward and backward as in training (channels_last, batch 256, fp16 or bf16 input as
 autocast hands it over, fp32 parameters), compiled, for each of the twelve batch-norm shapes of ResNet-50 at

@@ -126,7 +126,8 @@ def timing(options):
               "lightning_cost_us": {"automatic": medians["automatic"] - medians["plain"],
                                     "manual": medians["manual"] - medians["plain"]}}
     print(f"{options.device} {options.precision}, {options.repeats} repeats, median us a step: plain loop "
-          f"{medians['plain']:.0f}, Trainer automatic {medians['automatic']:.0f} (+{result['lightning_cost_us']['automatic']:.0f}), "
+          f"{medians['plain']:.0f}, Trainer automatic {medians['automatic']:.0f} "
+          f"(+{result['lightning_cost_us']['automatic']:.0f}), "
           f"manual {medians['manual']:.0f} (+{result['lightning_cost_us']['manual']:.0f})")
     if options.output_json:
         common.write_json(options.output_json, result)

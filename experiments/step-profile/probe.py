@@ -161,7 +161,8 @@ def profile_steps(device, rank, world_size, step, argv, out, name):
     trace = out / f"{name}-rank{rank}.trace.json"
     prof.export_chrome_trace(str(trace))
     summary = summarise(json.loads(trace.read_text())["traceEvents"], ACTIVE, step_ms)
-    summary.update(profiled_step_ms=step_ms, name=name, rank=rank, world_size=world_size, argv=argv, torch=torch.__version__,
+    summary.update(profiled_step_ms=step_ms, name=name, rank=rank, world_size=world_size, argv=argv,
+                   torch=torch.__version__,
                    environment={k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_NCCL_"))})
     (out / f"{name}-rank{rank}.json").write_text(json.dumps(summary, indent=1))
     if rank != 0:
@@ -177,11 +178,13 @@ def compare(base_path, other_path):
     base, other = (json.loads(pathlib.Path(p).read_text()) for p in (base_path, other_path))
     for key in ("window_ms_per_step", "compute_idle_ms_per_step", "compute_gaps_over_20us_ms_per_step",
                 "nccl_busy_ms_per_step", "nccl_hidden_by_compute_ms_per_step", "nccl_exposed_ms_per_step"):
-        print(f"{key:40s} {base.get(key, 0):9.3f} {other.get(key, 0):9.3f} {other.get(key, 0) - base.get(key, 0):+9.3f}")
+        first, second = base.get(key, 0), other.get(key, 0)
+        print(f"{key:40s} {first:9.3f} {second:9.3f} {second - first:+9.3f}")
     a, b = base["compute_kernels_by_name"], other["compute_kernels_by_name"]
     rows = []
     for name in set(a) | set(b):
-        ka, kb = a.get(name, {"count_per_step": 0, "ms_per_step": 0}), b.get(name, {"count_per_step": 0, "ms_per_step": 0})
+        none = {"count_per_step": 0, "ms_per_step": 0}
+        ka, kb = a.get(name, none), b.get(name, none)
         rows.append((kb["ms_per_step"] - ka["ms_per_step"], kb["count_per_step"] - ka["count_per_step"], name))
     total = sum(r[0] for r in rows)
     print(f"compute-stream kernel time, 2nd minus 1st: {total:+.3f} ms a step; largest changes:")
@@ -201,7 +204,8 @@ def from_trace(trace_path, steps, summary_path):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    for mode, run in (("--compare", compare), ("--from-trace", lambda trace, summary: from_trace(trace, ACTIVE, summary))):
+    for mode, run in (("--compare", compare),
+                      ("--from-trace", lambda trace, summary: from_trace(trace, ACTIVE, summary))):
         if argv[:1] == [mode]:
             if len(argv) != 3:
                 raise common.UsageError(f"{mode} takes two files")
