@@ -108,3 +108,18 @@ def test_the_checks_see_what_they_look_for():
         '@pytest.fixture(scope="session")', "subprocess.Popen(cmd, start_new_session=True)",
         "Lightning takes the job for an interactive session", "pytorch/pytorch#181789 fixed it",
         "python x.py --output /tmp/smoke.json", "## 1. Install"]))
+
+
+@pytest.mark.parametrize("folder", sorted(path.parent.name for path in ROOT.glob("results/*/commands.txt")))
+def test_every_result_file_has_its_command(folder):
+    """A campaign's commands.txt names the output of every result file in its folder (oss_benchmark.py writes
+    <output stem>-<strategy>.json), and every probe output it names outside the folder exists."""
+    campaign = ROOT / "results" / folder
+    text = (campaign / "commands.txt").read_text()
+    stems = set(re.findall(r"--output (\S+)\.json", text))
+    files = [str(path.relative_to(campaign))[:-len(".json")] for path in campaign.rglob("*.json")]
+    orphans = [name for name in files if name not in stems and not any(name.startswith(stem + "-") for stem in stems)]
+    assert not orphans, f"{folder}: no command in commands.txt writes {orphans}"
+    elsewhere = re.findall(r"(?:--json|--output-json|>) (\.\./\S+)", text)
+    missing = [path for path in elsewhere if not (campaign / path).exists()]
+    assert not missing, f"{folder}: commands.txt names outputs that are not committed: {missing}"
