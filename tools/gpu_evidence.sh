@@ -235,14 +235,16 @@ matrix_probes() {  # experiments/*/README.md
     --no-broadcast-buffers --comm-hook bf16_compress
   probe profile-1gpu-compile-cdt 0 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 $p --out "$d" \
     --name profile-1gpu-compile-cdt --compile --coordinate-descent-tuning
-  for v in "stem-compile module module" "stem-compile space-to-depth module" "stem-compile module dense" \
-           "stem-compile space-to-depth dense" "stem-eager module module" "stem-eager space-to-depth module" \
-           "stem-eager module dense" "stem-eager space-to-depth dense" "conv-eager module" \
-           "conv-eager space-to-depth"; do
-    set -- $v
-    local name=$1-$2${3:+-$3}
-    probe "$name" 0 "$PY" experiments/stem/stem_probe.py --part "${1%%-*}" --conv "$2" ${3:+--maxpool $3} \
-      $([ "${1#*-}" = compile ] && echo --compile) --json "$d/$name.json"
+  for v in stem-compile-module-module stem-compile-space-to-depth-module stem-compile-module-dense \
+           stem-compile-space-to-depth-dense stem-compile-module-module-fp16 stem-compile-space-to-depth-dense-fp16 \
+           stem-eager-module-module stem-eager-space-to-depth-module stem-eager-module-dense \
+           stem-eager-space-to-depth-dense conv-eager-module conv-eager-space-to-depth; do
+    local part=${v%%-*} rest=${v#*-*-} conv maxpool=module precision=bf16
+    [[ $rest == *-fp16 ]] && { precision=fp16; rest=${rest%-fp16}; }
+    [[ $rest == *-dense || $rest == *-module && $part == stem ]] && { maxpool=${rest##*-}; rest=${rest%-*}; }
+    conv=$rest
+    probe "$v" 0 "$PY" experiments/stem/stem_probe.py --part "$part" --conv "$conv" --maxpool $maxpool \
+      --precision $precision $([[ $v == *-compile-* ]] && echo --compile) --json "$d/$v.json"
   done
   for v in torchvision sums; do
     probe "bn-$v" 0 "$PY" experiments/batchnorm/bn_probe.py --batch-norm $v --precision fp16 \
