@@ -1,4 +1,5 @@
-"""tools/telemetry.py: nvidia-smi samples lined up with each result's timed window (rank0_timed_window_utc)."""
+"""tools/telemetry.py: nvidia-smi samples lined up with each result's timed steps (rank0_timed_window_utc), or with
+the whole run (started_at, wall_time_s) where the result does not record the timed steps."""
 import gzip
 import json
 import subprocess
@@ -17,10 +18,11 @@ def sample(second, index, mhz, watts, reasons):
     return f"2026/11/30 12:00:{second:06.3f}, {index}, {mhz} MHz, 3201 MHz, {watts:.2f} W, 700.00 W, 50, {reasons}\n"
 
 
-def a_result(window, steps=None, uuid=None, images_per_second=5000.0):
+def a_result(window, steps=None, uuid=None, images_per_second=5000.0, started_at="2026-11-30T11:00:00Z", wall_s=1.0):
     """A real result file of the CPU smoke run with the fields telemetry.py reads set as given."""
     result = json.loads(FIXTURE.read_text())
     result["throughput"]["images_per_second"] = images_per_second
+    result.update(started_at=started_at, wall_time_s=wall_s)
     if window is None:
         result["throughput"].pop("rank0_timed_window_utc", None)
     else:
@@ -49,14 +51,17 @@ def test_samples_inside_the_timed_window_per_gpu(tmp_path):
     with gzip.open(log, "wt") as handle:
         handle.writelines(lines)
     result = a_result(["2026-11-30T12:00:02.000Z", "2026-11-30T12:00:06.000Z"])
-    older = a_result(None)  # written before the window was recorded
-    (tmp_path / "run.json").write_text(json.dumps(result))
-    (tmp_path / "old.json").write_text(json.dumps(older))
+    whole = a_result(None, started_at="2026-11-30T12:00:07Z", wall_s=2.0)  # no timed window: the whole run
+    unknown = a_result(None, wall_s=None)  # neither
+    for name, value in (("run", result), ("whole", whole), ("unknown", unknown)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(value))
     out = tmp_path / "telemetry.json"
-    proc = run_tool(log, tmp_path / "run.json", tmp_path / "old.json", "--json", out)
+    proc = run_tool(log, *(tmp_path / f"{name}.json" for name in ("run", "whole", "unknown")), "--json", out)
     assert proc.returncode == 0, proc.stderr
     figures = json.loads(out.read_text())
-    assert list(figures) == [str(tmp_path / "run.json")]
+    assert list(figures) == [str(tmp_path / "run.json"), str(tmp_path / "whole.json")]
+    assert (figures[str(tmp_path / "run.json")]["window"], figures[str(tmp_path / "whole.json")]["window"]) == (
+        "timed steps", "whole run")
     gpu0, gpu1 = figures[str(tmp_path / "run.json")]["gpus"]
     # 2.0 s to 6.0 s inclusive: 41 samples a GPU, 20 before 4 s (1980 MHz, 600 W) and 21 after (1880, 690)
     assert gpu0["samples"] == gpu1["samples"] == 41
@@ -65,7 +70,9 @@ def test_samples_inside_the_timed_window_per_gpu(tmp_path):
     assert gpu0["power_capped_share"] == 21 / 41 and gpu1["power_capped_share"] == 0
     assert gpu0["limit_w"] == 700 and gpu1["sm_mhz"] == 1980
     assert "| run | 5,000 | 0 | 41 | 1,929 | 646 (700) | 51% | 50 |" in proc.stdout
-    assert "| old | – | – | no timed window in the result |" in proc.stdout
+    # 7.0 s to 9.0 s inclusive: 21 samples a GPU, all capped on GPU 0
+    assert "| whole (whole run) | 5,000 | 0 | 21 | 1,880 | 690 (700) | 100% | 50 |" in proc.stdout
+    assert "| unknown | – | – | no window in the result |" in proc.stdout
 
 
 def test_a_file_that_is_not_an_nvidia_smi_log_is_one_line(tmp_path):
@@ -96,7 +103,7 @@ def test_clock_sensitivity_fits_step_time_against_the_clock(tmp_path):
     assert proc.returncode == 0, proc.stderr
     key = str(tmp_path / "run.json")
     assert json.loads(out.read_text())[key]["clock_sensitivity"] is None
-    assert "| run | 1 | no fit: fewer than 3 bins, or a clock that did not move |" in proc.stdout
+    assert "| run | 1 | no fit: no timed window, fewer than 3 bins, or a clock that did not move |" in proc.stdout
     result["hardware"]["ranks"][0]["gpu_uuid"] = "aaaa"
     (tmp_path / "run.json").write_text(json.dumps(result))
     proc = run_tool(log, tmp_path / "run.json", "--sensitivity", 1000, "--json", out)
@@ -132,8 +139,8 @@ def test_bad_results_and_outputs_are_one_line_and_write_nothing(tmp_path):
     (tmp_path / "list.json").write_text("[1, 2]")
     assert "not a benchmark result" in one_error_line(run_tool(log, tmp_path / "list.json"))
     (tmp_path / "bad-window.json").write_text(json.dumps(a_result(["yesterday", "today"])))
-    assert "rank0_timed_window_utc is ['yesterday', 'today'], not two UTC times" in one_error_line(
-        run_tool(log, tmp_path / "bad-window.json"))
+    assert "its window (throughput.rank0_timed_window_utc, or started_at and wall_time_s) is not UTC times" in \
+        one_error_line(run_tool(log, tmp_path / "bad-window.json"))
     (tmp_path / "run.json").write_text(json.dumps(a_result(["2026-11-30T12:00:00.000Z", "2026-11-30T12:00:02.000Z"])))
     assert "cannot be read (FileNotFoundError" in one_error_line(run_tool(log, tmp_path / "missing.json"))
     blocked = tmp_path / "file"

@@ -5,18 +5,20 @@ Reads an nvidia-smi log written with
     nvidia-smi --query-gpu=timestamp,index,uuid,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,\
 clocks_event_reasons.active --format=csv -lms 100 > nvidia-smi.csv
 
-(as `tools/gpu_evidence.sh` does; plain or gzipped; uuid and power.limit may be missing) and result files, and
-prints, per run and GPU, the samples inside the result's `throughput.rank0_timed_window_utc`: their count, the
-mean SM clock, the mean power draw against the limit, the share of samples under the software power cap
-(clocks_event_reasons bit 0x4) and the mean temperature. The log's timestamps are taken as UTC (the device
-machines keep UTC). One GPU per row, so a one-GPU run shows what its neighbour did too.
+(as `tools/gpu_evidence.sh --telemetry` does; plain or gzipped; uuid and power.limit may be missing) and result
+files, and prints, per run and GPU, the samples inside the run's window: their count, the mean SM clock, the mean
+power draw against the limit, the share of samples under the software power cap (clocks_event_reasons bit 0x4) and
+the mean temperature. The window is the timed steps where the result records them
+(`throughput.rank0_timed_window_utc`), else the whole run (`started_at` for `wall_time_s` seconds, warm-up and
+compilation included). The log's timestamps are taken as UTC. One GPU per row, so a one-GPU run shows what its
+neighbour did too.
 
---sensitivity MS also asks how much rank 0's step time moved with its GPU's SM clock within each run: its steps
-are placed on the GPU's timeline from the window's start (the step times are CUDA-event times), grouped into bins
-of MS milliseconds, and each bin's mean step time is fitted against the mean SM clock of the samples in it (least
-squares). The slope, in ms per 100 MHz, is printed beside the slope that a step slowing in proportion to the
-clock would have (median step / mean clock). Rank 0's GPU is found by the result's gpu_uuid when the log has a
-uuid column, else it is --rank0-gpu INDEX.
+--sensitivity MS also asks how much rank 0's step time moved with its GPU's SM clock within each run's timed steps:
+its steps are placed on the GPU's timeline from the timed window's start (the step times are CUDA-event times),
+grouped into bins of MS milliseconds, and each bin's mean step time is fitted against the mean SM clock of the
+samples in it (least squares). The slope, in ms per 100 MHz, is printed beside the slope that a step slowing in
+proportion to the clock would have (median step / mean clock). Rank 0's GPU is found by the result's gpu_uuid when
+the log has a uuid column, else it is --rank0-gpu INDEX.
 
     python tools/telemetry.py results/DIR/nvidia-smi.csv.gz results/DIR/*.json [--json FILE]
     python tools/telemetry.py LOG RUN.json... --sensitivity 500 [--rank0-gpu 0]
@@ -89,7 +91,23 @@ def read_samples(path):
 
 
 def parse_utc(text):
-    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ" if "." in text else "%Y-%m-%dT%H:%M:%SZ")
+
+
+def timed_window(result):
+    """The timed steps' (start, end) in UTC, or None when the result does not record them."""
+    window = (result.get("throughput") or {}).get("rank0_timed_window_utc")
+    return window and tuple(parse_utc(t) for t in window)
+
+
+def run_window(result):
+    """The timed steps' window, else the whole run's (start, end), else None."""
+    if timed_window(result):
+        return timed_window(result)
+    if result.get("started_at") and result.get("wall_time_s") is not None:
+        start = parse_utc(result["started_at"])
+        return start, start + datetime.timedelta(seconds=result["wall_time_s"])
+    return None
 
 
 def mean(values):
@@ -98,11 +116,11 @@ def mean(values):
 
 
 def summarise_run(result, samples):
-    """Per GPU: the samples inside the run's timed window. None when the result has no window."""
-    window = (result.get("throughput") or {}).get("rank0_timed_window_utc")
+    """Per GPU: the samples inside the run's window (run_window). None when the result has none."""
+    window = run_window(result)
     if not window:
         return None
-    start, end = (parse_utc(t) for t in window)
+    start, end = window
     rows = []
     for index in sorted({s["index"] for s in samples}):
         inside = [s for s in samples if s["index"] == index and start <= s["time"] <= end]
@@ -110,8 +128,10 @@ def summarise_run(result, samples):
                      "power_w": mean(s["power_w"] for s in inside), "limit_w": mean(s["limit_w"] for s in inside),
                      "power_capped_share": sum(s["capped"] for s in inside) / len(inside) if inside else None,
                      "temperature_c": mean(s["temperature_c"] for s in inside)})
-    return {"window_utc": window, "timed_wall_s": result["throughput"]["timed_wall_s"],
-            "images_per_second": result["throughput"]["images_per_second"], "gpus": rows}
+    throughput = result.get("throughput") or {}
+    return {"window_utc": [t.isoformat(timespec="milliseconds") + "Z" for t in window],
+            "window": "timed steps" if timed_window(result) else "whole run",
+            "images_per_second": throughput.get("images_per_second"), "gpus": rows}
 
 
 def rank0_gpu(result, samples, given):
@@ -125,9 +145,11 @@ def rank0_gpu(result, samples, given):
 
 def clock_sensitivity(result, samples, gpu, bin_ms):
     """Rank 0's step time against its GPU's SM clock within the run: a least-squares slope over bins of bin_ms
-    milliseconds of the GPU timeline. None when fewer than three bins hold both steps and samples, or when the
-    clock did not move."""
-    start = parse_utc(result["throughput"]["rank0_timed_window_utc"][0])
+    milliseconds of the GPU timeline. None when the result records no timed window, when fewer than three bins hold
+    both steps and samples, or when the clock did not move."""
+    if not timed_window(result):
+        return None
+    start = timed_window(result)[0]
     times = result["step_times_ms_per_rank"][0]
     clocks = {}
     for sample in samples:
@@ -159,17 +181,15 @@ def fmt(value, pattern):
 
 
 def load_result(path):
-    """A result file as report.py reads it, with a timed window that parses; UsageError (one line) otherwise."""
+    """A result file as report.py reads it, with times that parse; UsageError (one line) otherwise."""
     result, problem = read_result_file(pathlib.Path(path))
     if problem:
         raise UsageError(f"{path}: {problem}")
-    window = (result.get("throughput") or {}).get("rank0_timed_window_utc")
     try:
-        if window is not None:
-            [parse_utc(t) for t in window]
+        run_window(result)
     except (TypeError, ValueError):
-        raise UsageError(f"{path}: throughput.rank0_timed_window_utc is {window!r}, not two UTC times "
-                         "(YYYY-MM-DDTHH:MM:SS.mmmZ)") from None
+        raise UsageError(f"{path}: its window (throughput.rank0_timed_window_utc, or started_at and wall_time_s) "
+                         "is not UTC times (YYYY-MM-DDTHH:MM:SS[.mmm]Z)") from None
     return result
 
 
@@ -189,16 +209,19 @@ def main(argv=None):
         raise UsageError(str(error)) from None
     results = {path: load_result(path) for path in args.results}
     figures = {}
-    lines = ["| run | img/s | GPU | samples | SM MHz | power W (limit) | power-capped | °C |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | img/s | GPU | samples | SM MHz | power W (limit) | power-capped | °C |",
+             "|---|---|---|---|---|---|---|---|"]
     for path, result in results.items():
         summary = summarise_run(result, samples)
         name = pathlib.Path(path).stem
         if summary is None:
-            lines.append(f"| {name} | – | – | no timed window in the result | | | | |")
+            lines.append(f"| {name} | – | – | no window in the result | | | | |")
             continue
         figures[path] = summary
+        rate = "–" if summary["images_per_second"] is None else f"{summary['images_per_second']:,.0f}"
         for row in summary["gpus"]:
-            lines.append(f"| {name} | {summary['images_per_second']:,.0f} | {row['gpu']} | {row['samples']} | "
+            lines.append(f"| {name}{'' if summary['window'] == 'timed steps' else ' (whole run)'} | {rate} | "
+                         f"{row['gpu']} | {row['samples']} | "
                          f"{fmt(row['sm_mhz'], '{:,.0f}')} | {fmt(row['power_w'], '{:.0f}')} "
                          f"({fmt(row['limit_w'], '{:.0f}')}) | {fmt(row['power_capped_share'], '{:.0%}')} | "
                          f"{fmt(row['temperature_c'], '{:.0f}')} |")
@@ -214,7 +237,8 @@ def main(argv=None):
             fit = clock_sensitivity(result, samples, gpu, args.sensitivity)
             figures[path]["clock_sensitivity"] = fit
             if fit is None:
-                lines.append(f"| {name} | {gpu} | no fit: fewer than 3 bins, or a clock that did not move | | | | |")
+                lines.append(f"| {name} | {gpu} | no fit: no timed window, fewer than 3 bins, or a clock that did not "
+                             "move | | | | |")
                 continue
             low, high = fit["sm_mhz_range"]
             lines.append(f"| {name} | {gpu} | {fit['bins']} | {fit['mean_sm_mhz']:,.0f} ({low:,.0f}–{high:,.0f}) | "
