@@ -20,9 +20,9 @@ def test_blocks_alternate_and_the_ratio_is_bare_over_harness_time(tmp_path):
     assert all(b["bare_ms"] > 0 and b["harness_ms"] > 0 for b in blocks)
     assert cost["ratio_pooled"] == sum(b["bare_ms"] for b in blocks) / sum(b["harness_ms"] for b in blocks)
     assert cost["ratio_min"] <= cost["ratio_median"] <= cost["ratio_max"]
-    assert cost["config"]["warmup_steps"] == 2 and cost["block_steps"] == 2
+    assert cost["config"]["warmup_steps"] == 2 and cost["block_steps"] == 2 and 0 < cost["harness_host_us_per_step"] < 1e3
     # the harness blocks run the benchmark's own loop: its progress lines, two per block of two steps
-    assert proc.stdout.count("measuring step 2/2") == 2 and "harness / bare throughput: pooled" in proc.stdout
+    assert proc.stdout.count("measuring step 2/2") == 2 and "own host time" in proc.stdout and "harness / bare throughput: pooled" in proc.stdout
 
 
 def test_bad_input_is_one_line(tmp_path):

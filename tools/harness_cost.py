@@ -77,6 +77,18 @@ def timed_block(run, step, steps, through_harness):
     return (time.perf_counter() - began) * 1e3
 
 
+def host_cost_us(run, iterations=2000):
+    """The harness's own host time per step: its loop around a step that does nothing, less a bare loop's."""
+    loss = torch.zeros((), device=run.device)
+    began = time.perf_counter()
+    for _ in range(iterations):
+        (lambda: loss)()
+    bare = time.perf_counter() - began
+    began = time.perf_counter()
+    timed_block(run, lambda: loss, iterations, through_harness=True)
+    return ((time.perf_counter() - began) - bare) / iterations * 1e6
+
+
 def main(argv=None):
     native = load_native()
     own, args = parse_arguments(native, sys.argv[1:] if argv is None else argv)
@@ -97,14 +109,15 @@ def main(argv=None):
         times = {harness: timed_block(run, step, own.block_steps, harness) for harness in order}
         blocks.append({"bare_ms": times[False], "harness_ms": times[True], "harness_first": order[0]})
     ratios = [b["bare_ms"] / b["harness_ms"] for b in blocks]
+    host_us = host_cost_us(run)
     summary = {"tool": "harness_cost", "config": recorded, "blocks": own.blocks, "block_steps": own.block_steps,
                "block_times": blocks, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-               "ratio_max": max(ratios), "ratio_pooled": sum(b["bare_ms"] for b in blocks) /
+               "ratio_max": max(ratios), "harness_host_us_per_step": host_us, "ratio_pooled": sum(b["bare_ms"] for b in blocks) /
                sum(b["harness_ms"] for b in blocks), "software": run.result["software"],
                "git": run.result["git"], "hardware": run.hardware}
     print(f"harness / bare throughput: pooled {summary['ratio_pooled']:.4f}, median {summary['ratio_median']:.4f} "
           f"(min {summary['ratio_min']:.4f}, max {summary['ratio_max']:.4f}) over {own.blocks} pairs of "
-          f"{own.block_steps} steps", flush=True)
+          f"{own.block_steps} steps; the harness's own host time {host_us:.1f} us a step", flush=True)
     if own.output_json:
         temporary = f"{own.output_json}.{os.getpid()}.tmp"
         with open(temporary, "w") as stream:
