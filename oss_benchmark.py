@@ -20,9 +20,8 @@ Launch recipes:
 
     # one GPU: a smoke run of every strategy over a process group of one rank, so nothing is sharded
     python oss_benchmark.py --output results/one-gpu.json
-    # every strategy on 2 GPUs of a node, SGD, then Adam (state 2x the parameters)
+    # every strategy on 2 GPUs of a node (--optimizer adam: a state twice SGD's)
     torchrun --standalone --nproc-per-node 2 oss_benchmark.py --output results/rn50-sgd.json
-    torchrun --standalone --nproc-per-node 2 oss_benchmark.py --optimizer adam --output results/rn50-adam.json
     # fairscale's own benchmark conditions (resnet101, 28 px, 256/rank, fp32, RMSprop), synthetic data
     torchrun --standalone --nproc-per-node 2 oss_benchmark.py --preset fairscale --steps 1170 \\
         --steps-per-epoch 117 --output results/fairscale.json
@@ -36,11 +35,10 @@ Launch recipes:
 
 With several strategies, --output x.json names the results x-<strategy>.json (printed before the run).
 Numbers: "Median throughput (img/s) (rank 0) +/- MAD" is the global batch over rank 0's median step time, with the
-median absolute deviation over the timed steps. fairscale's benchmark times epochs instead: --steps-per-epoch K
-adds each epoch's images per second over K steps (global images; divide by the world size for fairscale's
-per-rank figure), median and MAD over the epochs. Peak memory is torch.cuda.max_memory_allocated, the largest rank.
-Exit codes: 0 ok, 1 error, 2 bad input, 3 parameters out of sync, 4 out of memory, 128+N stopped by signal N; with
-several strategies the first non-zero one. A signal ends the strategy it stops ("interrupted") and the launch.
+median absolute deviation over the timed steps; --steps-per-epoch K adds fairscale's statistic (each epoch of K steps'
+images per second, in global images, median and MAD over the epochs). Peak memory: the largest rank's.
+Exit codes: 0 ok, 1 error, 2 bad input, 3 parameters out of sync, 4 out of memory, 128+N stopped by signal N (the
+strategy it stops ends "interrupted", and no later one starts); with several strategies the first non-zero one.
 """
 
 import argparse
@@ -77,7 +75,6 @@ RUN_ORDER = ("ddp", "zero1", "fsdp_zero2", "fsdp_zero3", "oss_ddp", "oss_sharded
 FAIRSCALE_STRATEGIES = ("oss_ddp", "oss_sharded_ddp")
 BACKEND_REFUSALS = {("gloo", "zero1_overlap"): "its ZeRO DDP comm hook refuses gloo, where it may hang "
                                                "(pytorch/pytorch#62300): run it on GPUs (NCCL)"}
-MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
               "rmsprop": torch.optim.RMSprop}
 # Without --lr: SGD's rate would make the Adam-like optimizers diverge within a few steps.
@@ -86,26 +83,21 @@ PRESETS = {
     # fairscale benchmarks/oss.py as released: MNIST (28 px, grey repeated to 3 channels), 256 per rank, fp32,
     # RMSprop(lr=1e-4, momentum=0.9), torchvision resnet101, NCHW. Synthetic data replaces MNIST here.
     "fairscale": {"model": "resnet101", "image_size": 28, "batch_size_per_device": 256, "precision": "fp32",
-                  "optimizer": "rmsprop", "lr": 1e-4, "momentum": 0.9, "memory_format": "contiguous"},
-}
+                  "optimizer": "rmsprop", "lr": 1e-4, "momentum": 0.9, "memory_format": "contiguous"}}
 COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
 PHASES = ("parameter_sync_before_forward", "forward", "backward", "optimizer_step", "parameter_sync")
-PHASE_NOTES = {
-    "ddp": "forward includes DDP's broadcast of the module buffers from rank 0; backward includes the bucketed "
-           "gradient all-reduce, overlapped with the backward computation",
-    "oss_ddp": "as ddp for forward and backward; optimizer_step updates this rank's shard only; parameter_sync is "
-               "OSS broadcasting every rank's updated shard after a device synchronize, not overlapped",
-    "oss_sharded_ddp": "forward includes ShardedDDP's blocking broadcast of every buffer one by one; backward "
-                       "includes reducing each gradient to its owner (the small bucketed ones when backward "
-                       "ends); optimizer_step and parameter_sync as oss_ddp",
-    "zero1": "as ddp for forward and backward; parameter_sync is ZeroRedundancyOptimizer broadcasting each rank's "
-             "parameter bucket",
-    "zero1_overlap": "backward includes the all-reduce, this rank's optimizer step and the parameter broadcasts, "
-                     "all run from DDP's comm hook; optimizer_step is empty",
+PHASE_NOTES = {  # what each phase of the instrumented pass includes
+    "ddp": "forward includes DDP's buffer broadcast from rank 0; backward the bucketed gradient all-reduce, overlapped",
+    "oss_ddp": "as ddp; optimizer_step updates this rank's shard only; parameter_sync is OSS broadcasting every "
+               "rank's updated shard after a device synchronize, not overlapped",
+    "oss_sharded_ddp": "forward includes ShardedDDP's blocking broadcast of every buffer one by one; backward reduces "
+                       "each gradient to its owner (the small bucketed ones at its end); the rest as oss_ddp",
+    "zero1": "as ddp; parameter_sync is ZeroRedundancyOptimizer broadcasting each rank's parameter bucket",
+    "zero1_overlap": "backward includes the all-reduce, this rank's optimizer step and the parameter broadcasts, all "
+                     "run from DDP's comm hook; optimizer_step is empty",
     "fsdp_zero2": "parameter_sync_before_forward is an explicit unshard (all-gather) of every FSDP unit, which the "
                   "timed steps do inside forward; backward includes the gradient reduce-scatter",
-    "fsdp_zero3": "as fsdp_zero2, and backward also all-gathers every unit again (resharded after forward)",
-}
+    "fsdp_zero3": "as fsdp_zero2, and backward also all-gathers every unit again (resharded after forward)"}
 # The profiled pass's own stop agreement (a host all-reduce on the harness's group) is marked and not counted.
 AGREEMENT = "oss_benchmark.stop_agreement"
 
@@ -113,13 +105,10 @@ AGREEMENT = "oss_benchmark.stop_agreement"
 def strategy_list(text):
     """'all' (a tuple: what the backend can run) or a comma list of known strategies, in the order given."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    if names == ["all"]:
-        return RUN_ORDER
-    unknown = [name for name in names if name not in STRATEGIES]
-    if unknown or not names or len(set(names)) < len(names):
+    if names != ["all"] and (not names or len(set(names)) < len(names) or not set(names) <= set(STRATEGIES)):
         raise argparse.ArgumentTypeError(f"unknown or repeated strategy in {text!r} (choose from "
                                          f"{', '.join(STRATEGIES)}, all, or a comma list)")
-    return names
+    return RUN_ORDER if names == ["all"] else names
 
 
 def parse_arguments(argv=None):
@@ -132,26 +121,23 @@ def parse_arguments(argv=None):
     add("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",
         help="its state (SGD momentum 1x, RMSprop with momentum and Adam 2x the parameters) is what sharding saves; "
              "without --lr its own rate: " + ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items()))
-    add("--model", choices=MODELS, default="resnet50", help="the torchvision ResNet trained")
+    add("--model", choices=[f"resnet{depth}" for depth in (18, 34, 50, 101, 152)], default="resnet50",
+        help="the torchvision ResNet trained")
     add("--preset", choices=sorted(PRESETS), help="fairscale: resnet101, 28 px, 256/device, fp32, RMSprop lr 1e-4 "
         "momentum 0.9, NCHW; options given explicitly override it (and are reported)")
     add("--steps-per-epoch", type=int, help="also report fairscale's statistic: images per second of each epoch of "
         "this many timed steps, median and MAD over the epochs")
     add("--sharded-reduce-buffer", type=int, default=2**23,
         help="ShardedDDP reduce_buffer_size in elements (fairscale's default; its docs advise 0 on a single node)")
-    add("--fsdp-units", choices=["block", "stage", "model"], default="model",
-        help="what fsdp_zero2/3 shard as one unit (one all-gather and one reduce-scatter each): every bottleneck "
-             "block, every stage (layer1..4), or the whole model")
+    add("--fsdp-units", choices=["block", "stage", "model"], default="model", help="what fsdp_zero2/3 shard as one "
+        "unit (one all-gather and one reduce-scatter each): every bottleneck, every stage (layer1..4), the model")
     add("--fsdp-param-dtype", choices=["fp32", "compute"], default="fp32",
         help="fsdp_zero2/3: all-gather fp32 parameters (autocast casts them, as under DDP) or parameters already in "
              "the autocast dtype (MixedPrecisionPolicy: half the bytes)")
-    add("--cudnn-deterministic", action="store_true",
-        help="deterministic cuDNN without autotuning, as fairscale's benchmark sets it")
     add("--phase-steps", type=int, default=10, help="steps of the instrumented pass that times each phase (0: none)")
     add("--profile-steps", type=int, default=2, help="steps of the profiled pass that counts collectives (0: none)")
     add("--trace-dir", help="also keep each rank's profiler trace (chrome JSON) in this folder")
-    add("--table", nargs="+", metavar="RESULT_JSON",
-        help="print the comparison table of these result files and exit (no training)")
+    add("--table", nargs="+", metavar="RESULT_JSON", help="print the comparison table of these result files, no run")
     args = parse_arguments_with_extras(parser, argv)
     for action in parser._actions:
         action.default = argparse.SUPPRESS
@@ -179,7 +165,6 @@ def resolve_strategies(args, explicit, fp16):
     if refused and args.strategy != RUN_ORDER:
         raise UsageError(f"--strategy {refused[0]} cannot run on {backend}: {BACKEND_REFUSALS[backend, refused[0]]}")
     strategies = [name for name in args.strategy if name not in refused]
-    notes = [f"--strategy all skips {name} on {backend}: {BACKEND_REFUSALS[backend, name]}" for name in refused]
     fairscale = [name for name in strategies if name in FAIRSCALE_STRATEGIES]
     problem = fairscale and fairscale_import_error()
     fsdp_compute = args.fsdp_param_dtype == "compute" and any(name.startswith("fsdp") for name in strategies)
@@ -193,22 +178,19 @@ def resolve_strategies(args, explicit, fp16):
                                                      "backward, where a GradScaler cannot unscale first"),
             ("zero1_overlap" in strategies and args.warmup_steps < warmup, f"zero1_overlap needs --warmup-steps >= "
              f"{warmup}: its first {warmup - 1} steps only learn DDP's buckets and update nothing"),
-            (fsdp_compute and args.device == "cpu", "--fsdp-param-dtype compute needs --device cuda: CPU autocast "
-                                                    "runs BatchNorm in fp32 and refuses the bf16 weights"),
-            (fsdp_compute and args.precision == "fp32", "--fsdp-param-dtype compute needs --precision bf16, fp16 or "
-                                                        "auto: with fp32 it gathers what fp32 gathers"),
+            (fsdp_compute and (args.device == "cpu" or args.precision == "fp32"), "--fsdp-param-dtype compute needs "
+             "--device cuda (CPU autocast refuses bf16 BatchNorm weights) and a 16-bit --precision (bf16, fp16, auto)"),
             (args.optimizer in ("adam", "adamw") and "momentum" in explicit,
              f"--momentum does not apply to --optimizer {args.optimizer} (its betas are PyTorch's defaults)"),
-            (min(args.phase_steps, args.profile_steps, args.sharded_reduce_buffer) < 0,
-             "--phase-steps, --profile-steps and --sharded-reduce-buffer must not be negative"),
-            ((args.steps_per_epoch or 1) < 1, "--steps-per-epoch must be positive"),
-            (args.cudnn_deterministic and getattr(args, "cudnn_benchmark", None),
-             "--cudnn-deterministic turns cuDNN's autotuning off: drop --cudnn-benchmark"),
-            (args.trace_dir and not creatable_folder(args.trace_dir),
-             f"--trace-dir {args.trace_dir} is not a folder that can be written")):
+            (min(args.phase_steps, args.profile_steps, args.sharded_reduce_buffer) < 0 or
+             (args.steps_per_epoch or 1) < 1, "--phase-steps, --profile-steps and --sharded-reduce-buffer must not "
+                                              "be negative, --steps-per-epoch must be positive"),
+            (args.trace_dir and os.path.exists(args.trace_dir) and not os.path.isdir(args.trace_dir),
+             f"--trace-dir {args.trace_dir} is not a folder")):
         if broken:
             raise UsageError(rule)
-    return strategies, notes
+    return strategies, [f"--strategy all skips {name} on {backend}: {BACKEND_REFUSALS[backend, name]}"
+                        for name in refused]
 
 
 def fairscale_import_error():
@@ -220,33 +202,21 @@ def fairscale_import_error():
     return None
 
 
-def creatable_folder(path):
-    """A folder that exists, or whose nearest existing ancestor is a writable folder (nothing is made here)."""
-    path = os.path.abspath(path)
-    while not os.path.lexists(path):
-        path = os.path.dirname(path)
-    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
-
-
 def resolve_configs(args, strategies, overrides, launch, cuda, device_count, bf16):
-    """One harness config per strategy (its own --output when there are several), checked before any GPU work."""
-    configs, kwargs, impl = [], {"lr": args.lr}, "fused" if args.optimizer in ("adam", "adamw") else "foreach"
-    if args.optimizer in ("sgd", "rmsprop"):
-        kwargs["momentum"] = args.momentum
+    """One harness config per strategy (its own --output when there are several), checked before any GPU work. Adam(W)
+    fused, SGD and RMSprop foreach (FSDP2 has no fused SGD, RMSprop no fused kernel): for every strategy, any device."""
+    configs, impl = [], "fused" if args.optimizer in ("adam", "adamw") else "foreach"
+    kwargs = {"lr": args.lr, impl: True, **({} if impl == "fused" else {"momentum": args.momentum})}
+    stem, extension = os.path.splitext(args.output or "")
     for strategy in strategies:
-        stem, extension = os.path.splitext(args.output or "")
         output = f"{stem}-{strategy}{extension or '.json'}" if args.output and len(strategies) > 1 else args.output
         config = resolve_harness_config(argparse.Namespace(**{**vars(args), "output": output}), launch, strategy,
                                         cuda, device_count, bf16)
-        # Adam and AdamW fused; SGD and RMSprop the foreach kernels (FSDP2's DTensor has no rule for fused SGD, and
-        # RMSprop has no fused kernel): the same kernels for every strategy and on the CPU.
-        config.update(preset_overrides=overrides, strategies_in_launch=strategies, optimizer_kwargs={**kwargs, impl: True},
-                      optimizer_impl=impl, sharded=launch["world_size"] > 1 and strategy != "ddp",
-                      optimizer_state_tensors_per_parameter={"sgd": int(args.momentum > 0), "adam": 2, "adamw": 2,
-                                                             "rmsprop": 1 + int(args.momentum > 0)}[args.optimizer])
+        config.update(preset_overrides=overrides, strategies_in_launch=strategies, optimizer_kwargs=kwargs,
+                      optimizer_impl=impl, optimizer_state_tensors_per_parameter={
+                          "sgd": int(args.momentum > 0), "adam": 2, "adamw": 2, "rmsprop": 1 + int(args.momentum > 0)}[
+                          args.optimizer])
         config.pop("table")
-        if args.cudnn_deterministic:
-            config["cudnn_benchmark"] = False
         configs.append(config)
     return configs
 
@@ -267,10 +237,9 @@ def channels_last_strides(shape):
 
 
 def restore_channels_last(parameters):
-    """Flat-bucket sharding (OSS, ShardedDDP's reduce buckets, ZeroRedundancyOptimizer) re-points each parameter
-    or gradient at a slice of one buffer with view_as, which silently turns a channels_last weight contiguous: every
-    convolution would convert it back. Re-stride each 4-D one as channels_last over the very same slice (the same
-    bytes, so the buckets' collectives still cover it)."""
+    """Flat-bucket sharding (OSS, ShardedDDP's reduce buckets, ZeroRedundancyOptimizer) re-points each parameter or
+    gradient at a slice of one buffer with view_as, which turns a channels_last weight contiguous (every convolution
+    would convert it back): re-stride each 4-D one as channels_last over the very same bytes."""
     with torch.no_grad():
         for tensor in (t for p in parameters if p.dim() == 4 for t in (p, p.grad) if t is not None):
             if tensor.stride() != channels_last_strides(tensor.shape):
@@ -285,26 +254,24 @@ class Setup:
     """One strategy's wrapped model and optimizer, and how to step, zero and analyse it."""
 
     def __init__(self, model, optimizer, scaler, zero_grad=None, step_in_backward=False, sync=(None, None),
-                 units=(), owned=None, optimizer_impl=None):
+                 units=(), optimizer_impl=None):
         self.model, self.optimizer, self.scaler, self.optimizer_impl = model, optimizer, scaler, optimizer_impl
         self.zero_grad = zero_grad or (lambda: optimizer.zero_grad(set_to_none=True))
         self.step_in_backward, self.layout_pending = step_in_backward, False  # zero1_overlap flattens at step 3
         self.sync_owner, self.sync_method = sync  # the object and method that broadcast the updated parameters
         self.units = list(units)  # FSDP modules, unsharded explicitly in the instrumented pass
-        self.owned = owned or (lambda: [p for g in optimizer.optim.param_groups for p in g["params"]])
 
 
 def wrap_strategy(run, model, mesh, channels_last):
     """The strategy's model and optimizer around a model that is already on its device."""
     config, device, strategy = run.config, run.device, run.config["strategy"]
     opt_class, kwargs, fp16 = OPTIMIZERS[config["optimizer"]], config["optimizer_kwargs"], config["grad_scaler"]
+    scaler = fp16 and torch.amp.GradScaler(device.type)
     if strategy in ("ddp", "zero1", "zero1_overlap", "oss_ddp"):
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                         **run.ddp_options())
     if strategy == "ddp":
-        optimizer = opt_class(model.parameters(), **kwargs)
-        return Setup(model, optimizer, torch.amp.GradScaler(device.type) if fp16 else None,
-                     owned=lambda: list(model.parameters()))
+        return Setup(model, opt_class(model.parameters(), **kwargs), scaler)
     if strategy in FAIRSCALE_STRATEGIES:
         from fairscale.nn.data_parallel import ShardedDataParallel
         from fairscale.optim import OSS
@@ -317,8 +284,7 @@ def wrap_strategy(run, model, mesh, channels_last):
             zero_grad = lambda: model.zero_grad(set_to_none=True)  # noqa: E731 - keeps its bucket views
         if channels_last:
             restore_channels_last(model.parameters())
-        return Setup(model, optimizer, ShardedGradScaler() if fp16 else None, zero_grad=zero_grad,
-                     sync=(optimizer, "_broadcast_params"))
+        return Setup(model, optimizer, fp16 and ShardedGradScaler(), zero_grad, sync=(optimizer, "_broadcast_params"))
     if strategy in ("zero1", "zero1_overlap"):
         from torch.distributed.optim import ZeroRedundancyOptimizer
         overlap, impl = strategy == "zero1_overlap", None
@@ -327,8 +293,8 @@ def wrap_strategy(run, model, mesh, channels_last):
         # one flat buffer per rank: one broadcast per rank after the step instead of one per parameter
         optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=opt_class,
                                             parameters_as_bucket_view=not overlap, overlap_with_ddp=overlap, **kwargs)
-        setup = Setup(model, optimizer, torch.amp.GradScaler(device.type) if fp16 else None, step_in_backward=overlap,
-                      sync=(None, None) if overlap else (optimizer, "_sync_params"), optimizer_impl=impl)
+        setup = Setup(model, optimizer, scaler, step_in_backward=overlap, optimizer_impl=impl,
+                      sync=(None, None) if overlap else (optimizer, "_sync_params"))
         if overlap:
             from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import hook_with_zero_step
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -340,23 +306,18 @@ def wrap_strategy(run, model, mesh, channels_last):
         return setup
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-    units, reshard = fsdp_units(model, config["fsdp_units"]), strategy == "fsdp_zero3"
-    policy = MixedPrecisionPolicy(param_dtype=fsdp_gather_dtype(config), reduce_dtype=torch.float32)
-    for unit in [*units, model]:
+    units, reshard = [*fsdp_units(model, config["fsdp_units"]), model], strategy == "fsdp_zero3"
+    # fp32 gathers (autocast casts per operation, as under DDP) or autocast's dtype (--fsdp-param-dtype compute)
+    policy = MixedPrecisionPolicy(param_dtype=AUTOCAST_DTYPES[config["precision"]] if config["fsdp_param_dtype"] ==
+                                  "compute" else None, reduce_dtype=torch.float32)
+    for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-    optimizer = opt_class(model.parameters(), **kwargs)
-    return Setup(model, optimizer, ShardedGradScaler(device=device.type) if fp16 else None, units=[*units, model],
-                 owned=lambda: list(model.parameters()))
-
-
-def fsdp_gather_dtype(config):
-    """The dtype FSDP2 all-gathers in: None keeps fp32 (autocast casts per operation, as under DDP)."""
-    return AUTOCAST_DTYPES[config["precision"]] if config["fsdp_param_dtype"] == "compute" else None
+    return Setup(model, opt_class(model.parameters(), **kwargs), fp16 and ShardedGradScaler(device=device.type),
+                 units=units)
 
 
 def train_step(setup, images, labels, config, marker=None):
-    """One training step. In the instrumented pass marker.close(phase) ends each phase, and FSDP's all-gather is
-    done up front (unshard) so that it is timed apart from forward."""
+    """One training step; in the instrumented pass each phase ends at a mark, FSDP's all-gather (unshard) first."""
     mark = marker.close if marker is not None else (lambda phase: None)
     if marker is not None and setup.units:
         for unit in setup.units:
@@ -367,14 +328,14 @@ def train_step(setup, images, labels, config, marker=None):
         loss = F.cross_entropy(setup.model(images), labels)
     setup.zero_grad()
     mark("forward")
-    (setup.scaler.scale(loss) if setup.scaler is not None else loss).backward()
+    (setup.scaler.scale(loss) if setup.scaler else loss).backward()
     mark("backward")
     if setup.step_in_backward:
         if setup.layout_pending and any(p.dim() == 4 and p.stride() != channels_last_strides(p.shape)
                                         for p in setup.model.parameters()):
             restore_channels_last(setup.model.parameters())
             setup.layout_pending = False
-    elif setup.scaler is not None:
+    elif setup.scaler:
         setup.scaler.step(setup.optimizer)
         setup.scaler.update()
     else:
@@ -384,76 +345,64 @@ def train_step(setup, images, labels, config, marker=None):
 
 
 class PhaseMarker:
-    """Phase boundaries: CUDA events on the GPU (read after one synchronize, so no host sync between phases), the
-    host clock on the CPU, where every collective a strategy waits for has finished when the call returns.
-    With synchronize=True the device is synchronised at every boundary and the host clock read before and after:
-    a phase's time is then what the host took to queue it from an idle GPU (its Python, dispatch, launches and any
-    wait the strategy makes), which beside the GPU's time says how close the step is to being host-bound."""
+    """Phase boundaries: CUDA events on the GPU (no host sync between phases), the host clock on the CPU (where a
+    waited collective has finished when the call returns). With synchronize=True the device is synchronised at each
+    boundary: a phase's host time is then what the host took to queue it from an idle GPU, which beside the GPU's
+    time says how close the step is to being host-bound."""
 
     def __init__(self, device, synchronize=False):
-        self.device, self.cuda, self.synchronize, self.steps = device, device.type == "cuda", synchronize, []
+        self.device, self.synchronize, self.steps = device, synchronize, []
+        self.events = device.type == "cuda" and not synchronize
 
-    def now(self):
-        """(CUDA event or None, host clock when the phase ended, host clock when the next one may start)."""
-        event = torch.cuda.Event(enable_timing=True) if self.cuda and not self.synchronize else None
-        if event is not None:
-            event.record()
-        ended = time.perf_counter()
-        if self.synchronize and self.cuda:
-            torch.cuda.synchronize(self.device)
-        return event, ended, time.perf_counter() if self.synchronize else ended
-
-    def start_step(self):
-        self.steps.append([("start", self.now())])
-
-    def close(self, phase):
-        self.steps[-1].append((phase, self.now()))
+    def close(self, phase=None):
+        """End a phase (None: start a step) at (when the next phase may start, when this one ended)."""
+        if self.events:  # one event ends this phase and starts the next
+            mark = (torch.cuda.Event(enable_timing=True),) * 2
+            mark[0].record()
+        else:
+            ended = time.perf_counter()
+            if self.synchronize and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            mark = (time.perf_counter(), ended)
+        if phase is None:
+            self.steps.append([])
+        self.steps[-1].append((phase, mark))
 
     def phase_times_ms(self):
         """{phase: [ms per step]}; a phase closed twice in a step (the step around OSS's broadcast) adds up."""
         per_phase = {}
         for marks in self.steps:
             totals = {}
-            for (_, (event0, _, start)), (phase, (event1, ended, _)) in zip(marks, marks[1:]):
-                elapsed = event0.elapsed_time(event1) if event1 is not None else (ended - start) * 1e3
-                totals[phase] = totals.get(phase, 0.0) + elapsed
+            for (_, (start, _)), (phase, (_, end)) in zip(marks, marks[1:]):
+                totals[phase] = totals.get(phase, 0.0) + (start.elapsed_time(end) if self.events else
+                                                          (end - start) * 1e3)
             for phase, value in totals.items():
                 per_phase.setdefault(phase, []).append(value)
         return per_phase
 
 
-@contextlib.contextmanager
-def timed_parameter_sync(setup, marker):
-    """OSS and ZeroRedundancyOptimizer broadcast the parameters at the end of their step(): split it there."""
-    owner, name = setup.sync_owner, setup.sync_method
-    if owner is not None:
-        original = getattr(owner, name)
-
-        def timed(*args, **kwargs):
-            marker.close("optimizer_step")
-            outcome = original(*args, **kwargs)
-            marker.close("parameter_sync")
-            return outcome
-        setattr(owner, name, timed)
-    try:
-        yield
-    finally:
-        if owner is not None:
-            delattr(owner, name)
-
-
 def instrumented_pass(run, setup, step):
     """Median time per phase over --phase-steps steps, then the host's cost of each phase over as many steps with
     the device synchronised at every boundary. None when the ranks agreed to stop (checked after every step)."""
-    phases, count = {}, run.config["phase_steps"]
+    phases, owner, name = {}, setup.sync_owner, setup.sync_method
     for synchronize, prefix in ((False, ""), (True, "host_")):
         marker = PhaseMarker(run.device, synchronize)
-        with timed_parameter_sync(setup, marker):
-            for _ in range(count):
-                marker.start_step()  # in the synchronised pass this mark waits for the device first
+        if owner is not None:  # OSS's and ZeRO's step() ends with their broadcast: split the phase there
+            def timed(*args, original=getattr(owner, name), marker=marker, **kwargs):
+                marker.close("optimizer_step")
+                outcome = original(*args, **kwargs)
+                marker.close("parameter_sync")
+                return outcome
+            setattr(owner, name, timed)  # an instance attribute, shadowing the method until deleted
+        try:
+            for _ in range(run.config["phase_steps"]):
+                marker.close()  # a step starts (in the synchronised pass once the device is idle)
                 step(marker)
                 if run.agreed():
                     return None
+        finally:
+            if owner is not None:
+                delattr(owner, name)
         if run.device.type == "cuda":
             torch.cuda.synchronize(run.device)
         times = marker.phase_times_ms()
@@ -463,17 +412,15 @@ def instrumented_pass(run, setup, step):
     return phases
 
 
-ELEMENT_BYTES = {"float": 4, "double": 8, "c10::half": 2, "c10::bfloat16": 2, "long int": 8, "int64_t": 8,
-                 "int": 4, "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "float32": 4, "float64": 8,
-                 "half": 2, "float16": 2, "bfloat16": 2, "long": 8, "int64": 8, "int32": 4, "short": 2, "byte": 1,
-                 "char": 1}
+ELEMENT_BYTES = {"float": 4, "double": 8, "half": 2, "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "long": 8,
+                 "long int": 8, "int64_t": 8, "int": 4, "short": 2, "short int": 2, "char": 1, "signed char": 1,
+                 "byte": 1, "unsigned char": 1, "bool": 1}
 
 
 def collective_kind(op_name):
     name = op_name.lower().replace("allgather", "all_gather").replace("allreduce", "all_reduce")
-    return next((kind for marker, kind in (("reduce_scatter", "reduce-scatter"), ("all_gather", "all-gather"),
-                                           ("all_reduce", "all-reduce"), ("broadcast", "broadcast"),
-                                           ("reduce", "reduce")) if marker in name), "other")
+    return next((kind.replace("_", "-") for kind in ("reduce_scatter", "all_gather", "all_reduce", "broadcast",
+                                                     "reduce") if kind in name), "other")
 
 
 def element_count(dims):
@@ -511,29 +458,24 @@ def collectives_from_trace(events, steps):
         if size is None and elements:
             unknown, size = unknown + 1, 4
         entry = totals.setdefault(collective_kind(op), {"count": 0, "bytes": 0})
-        entry["count"] += 1
-        entry["bytes"] += elements * (size or 0)
+        entry["count"], entry["bytes"] = entry["count"] + 1, entry["bytes"] + elements * (size or 0)
     return {kind: {key: value / steps for key, value in entry.items()} for kind, entry in totals.items()}, unknown
 
 
 @contextlib.contextmanager
 def without_kineto_chatter():
     """The profiler's C++ side prints its stages (USDT:, STAGE:) and, without a GPU, a device-count ERROR straight
-    to file descriptor 2: hold stderr in a file meanwhile and pass on every other line."""
+    to file descriptor 2: it points at the null device meanwhile (the profiled steps ran before: nothing new lost)."""
     sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            sys.stderr.write("".join(line for line in held.read().decode(errors="replace").splitlines(True)
-                                     if not re.match(r"(USDT|STAGE):|ERROR:.*gpuGetDeviceCount", line)))
-            sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        for descriptor in (saved, null):
+            os.close(descriptor)
 
 
 def count_collectives(run, step):
@@ -541,33 +483,21 @@ def count_collectives(run, step):
     the ranks agreed to stop (checked after every step, outside what is counted)."""
     from torch.profiler import ProfilerActivity, profile, record_function
     config, steps = run.config, run.config["profile_steps"]
-    folder = config["trace_dir"] or tempfile.mkdtemp()
-    path = os.path.join(folder, f"{os.path.splitext(os.path.basename(config['output']))[0]}-rank{run.rank}.trace.json")
-    try:
-        with without_kineto_chatter(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
-            for _ in range(steps):
-                step()
-                with record_function(AGREEMENT):
-                    if run.agreed():
-                        return None
-            if run.device.type == "cuda":
-                torch.cuda.synchronize(run.device)
+    with without_kineto_chatter(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
+        for _ in range(steps):
+            step()
+            with record_function(AGREEMENT):
+                if run.agreed():
+                    return None
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(config["trace_dir"] or scratch, os.path.splitext(os.path.basename(config["output"]))[0]
+                            + f"-rank{run.rank}.trace.json")
         profiler.export_chrome_trace(path)
         with open(path) as stream:
             per_step, unknown = collectives_from_trace(json.load(stream).get("traceEvents", []), steps)
-    finally:
-        if not config["trace_dir"]:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            os.rmdir(folder)
     return {"per_step": per_step, "unknown_dtype_assumed_4_bytes": unknown}
-
-
-def wire_factor(kind, world_size):
-    """Wire bytes each rank sends per input byte, averaged over ranks, for ring/chain algorithms (NCCL's on a node)."""
-    n = world_size
-    return {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": (n - 1) / n, "all-gather": n - 1,
-            "broadcast": (n - 1) / n, "reduce": (n - 1) / n}.get(kind, 0.0)
 
 
 def analytic_volumes(strategy, parameter_bytes, buffer_bytes, world_size, gathered_bytes=None):
@@ -577,34 +507,27 @@ def analytic_volumes(strategy, parameter_bytes, buffer_bytes, world_size, gather
     the shards once (ZeRO-2) or twice (ZeRO-3: forward and backward)."""
     p, b, n = parameter_bytes, buffer_bytes, world_size
     g = p if gathered_bytes is None else gathered_bytes  # FSDP2 may all-gather in the compute dtype
-    return {"ddp": {"all-reduce": p, "broadcast": b}, "oss_ddp": {"all-reduce": p, "broadcast": p + b},
-            "oss_sharded_ddp": {"reduce": p, "broadcast": p + b}, "zero1": {"all-reduce": p, "broadcast": p + b},
-            "zero1_overlap": {"all-reduce": p, "broadcast": p + b}, "fsdp_zero2": {"all-gather": g / n,
-                                                                                    "reduce-scatter": p},
+    zero1 = {"all-reduce": p, "broadcast": p + b}
+    return {"ddp": {"all-reduce": p, "broadcast": b}, "oss_ddp": zero1, "zero1": zero1, "zero1_overlap": zero1,
+            "oss_sharded_ddp": {"reduce": p, "broadcast": p + b}, "fsdp_zero2": {"all-gather": g / n,
+                                                                                  "reduce-scatter": p},
             "fsdp_zero3": {"all-gather": 2 * g / n, "reduce-scatter": p}}[strategy]
 
 
-def wire_bytes(volumes, world_size):
-    return sum(volume * wire_factor(kind, world_size) for kind, volume in volumes.items())
-
-
-def local_tensor(tensor):
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-def full_parameters(model):
-    """Every parameter whole, as a replica holds it: FSDP's sharded DTensors are gathered one at a time."""
-    for param in model.parameters():
-        yield param.full_tensor() if hasattr(param, "full_tensor") else param
+def wire_bytes(volumes, n):
+    """Wire bytes each rank sends, averaged over ranks, for ring/chain algorithms (NCCL's on a node)."""
+    factors = {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": (n - 1) / n, "all-gather": n - 1,
+               "broadcast": (n - 1) / n, "reduce": (n - 1) / n}
+    return sum(volume * factors.get(kind, 0.0) for kind, volume in volumes.items())
 
 
 def local_analysis(setup, config, phases, collectives, numbers):
-    """This rank's figures: phases, collectives, the parameters whose optimizer state it holds, that state's bytes
-    (OSS and ZeRO keep it in their inner .optim; the one-number step counters left out), its convolution layout."""
-    owned = sum(local_tensor(p).numel() for p in setup.owned())
-    inner = getattr(setup.optimizer, "optim", setup.optimizer)
-    state = [local_tensor(v) for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    weights = [local_tensor(p) for p in setup.model.parameters() if p.dim() == 4]
+    """This rank's figures: phases, collectives, the parameters whose optimizer state it holds and that state's bytes
+    (OSS and ZeRO keep it in their inner .optim; FSDP's shards; step counters left out), its convolution layout."""
+    inner, local = getattr(setup.optimizer, "optim", setup.optimizer), lambda t: getattr(t, "to_local", lambda: t)()
+    owned = sum(local(p).numel() for group in inner.param_groups for p in group["params"])
+    state = [local(v) for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    weights = [local(p) for p in setup.model.parameters() if p.dim() == 4]
     return {"phases": phases, "collectives": collectives, "owned_parameters": owned,
             "optimizer_state_bytes": sum(v.numel() * v.element_size() for v in state if v.dim() > 0),
             "expected_optimizer_state_bytes": config["optimizer_state_tensors_per_parameter"] * owned *
@@ -613,51 +536,10 @@ def local_analysis(setup, config, phases, collectives, numbers):
                 p.stride() == channels_last_strides(p.shape) for p in weights)}}
 
 
-def combine_analysis(config, everyone, numbers, world_size):
-    """Rank 0's view and every rank's figures, with the analytic volumes and memory expectations beside them."""
-    strategy, rank0, parameters = config["strategy"], everyone[0], numbers["parameters"]
-    gather_dtype = fsdp_gather_dtype(config) if strategy.startswith("fsdp") else None
-    analytic = analytic_volumes(strategy, numbers["parameter_bytes"], numbers["buffer_bytes"], world_size,
-                                numbers["parameter_bytes"] * (torch.empty((), dtype=gather_dtype).element_size() / 4
-                                                              if gather_dtype is not None else 1))
-    collectives, phases = None, rank0["phases"]
-    if rank0["collectives"] is not None:
-        measured = rank0["collectives"]["per_step"]
-        collectives = {
-            "source": "torch.profiler c10d:: ops (record_shapes), element size from the backend's events",
-            "profiled_steps": config["profile_steps"], "measured_per_step": measured,
-            "measured_per_step_per_rank": [entry["collectives"]["per_step"] for entry in everyone],
-            "unknown_dtype_assumed_4_bytes": rank0["collectives"]["unknown_dtype_assumed_4_bytes"],
-            "analytic_bytes_per_step": analytic,
-            "measured_over_analytic": {kind: measured.get(kind, {"bytes": 0})["bytes"] / volume
-                                       for kind, volume in analytic.items() if volume},
-            "wire_bytes_per_rank_measured": wire_bytes({k: v["bytes"] for k, v in measured.items()}, world_size),
-            "wire_bytes_per_rank_analytic": wire_bytes(analytic, world_size),
-            "wire_model": "ring/chain average per rank: all-reduce 2(N-1)/N, reduce-scatter (N-1)/N, "
-                          "all-gather (N-1) x shard, broadcast and reduce (N-1)/N of the input bytes"}
-    expected = [e["expected_optimizer_state_bytes"] for e in everyone]
-    return {
-        "model": config["model"], **numbers, "phase_steps": config["phase_steps"], "phase_note": PHASE_NOTES[strategy],
-        "phases_ms": phases and phases["phases_ms"], "phase_sum_ms_median": phases and phases["step_ms_median"],
-        "phases_ms_per_rank": [e["phases"] and {k: v["median"] for k, v in e["phases"]["phases_ms"].items()}
-                               for e in everyone],
-        "host_phases_ms": phases and phases["host_phases_ms"],
-        "host_phase_sum_ms_median": phases and phases["host_step_ms_median"],
-        "host_phase_sum_ms_median_per_rank": [e["phases"] and e["phases"]["host_step_ms_median"] for e in everyone],
-        "collectives": collectives,
-        "memory": {"optimizer_state_tensors_per_parameter": config["optimizer_state_tensors_per_parameter"],
-                   "owned_parameter_fraction_per_rank": [e["owned_parameters"] / parameters for e in everyone],
-                   "optimizer_state_bytes_per_rank": [e["optimizer_state_bytes"] for e in everyone],
-                   "expected_optimizer_state_bytes_per_rank": expected,
-                   "expected_optimizer_state_saving_bytes_vs_ddp": config["optimizer_state_tensors_per_parameter"] *
-                   numbers["parameter_bytes"] - max(expected)},
-        "parameter_layout_per_rank": [e["parameter_layout"] for e in everyone]}
-
-
 def analyse(run, setup, step, numbers, parameter_format):
-    """The instrumented and profiled passes after the timed steps, and every rank's figures gathered. None when
-    the ranks agreed to stop meanwhile (the strategy then ends interrupted)."""
-    config = run.config
+    """The passes after the timed steps; rank 0's view and every rank's figures beside the analytic volumes and memory
+    expectations. None when the ranks agreed to stop meanwhile (the run then ends interrupted)."""
+    config, strategy, n = run.config, run.config["strategy"], run.world_size
     if run.rank == 0 and (config["phase_steps"] or config["profile_steps"]):
         print(f"  instrumented pass ({config['phase_steps']} steps), profiled pass ({config['profile_steps']} "
               f"steps)", flush=True)
@@ -665,39 +547,66 @@ def analyse(run, setup, step, numbers, parameter_format):
     collectives = count_collectives(run, step) if config["profile_steps"] and not run.record["signal"] else None
     if run.agreed(last=True):
         return None
-    everyone = [local_analysis(setup, config, phases, collectives, numbers)] * run.world_size
-    if run.world_size > 1:
+    everyone = [local_analysis(setup, config, phases, collectives, numbers)] * n
+    if n > 1:
         dist.all_gather_object(everyone, everyone[0], group=run.monitor)
-    return {"parameter_memory_format": parameter_format, "fsdp_units": len(setup.units),
-            "optimizer_impl": setup.optimizer_impl or config["optimizer_impl"],
-            **combine_analysis(config, everyone, numbers, run.world_size)}
+    analytic = analytic_volumes(strategy, numbers["parameter_bytes"], numbers["buffer_bytes"], n, numbers[
+        "parameter_bytes"] / (2 if config["fsdp_param_dtype"] == "compute" else 1))  # FSDP's 16-bit gathers
+    state_tensors, expected = config["optimizer_state_tensors_per_parameter"], [
+        e["expected_optimizer_state_bytes"] for e in everyone]
+    if collectives is not None:
+        measured = collectives["per_step"]
+        collectives = {
+            "source": "torch.profiler c10d:: ops (record_shapes), element size from the backend's events",
+            "profiled_steps": config["profile_steps"], "measured_per_step": measured,
+            "measured_per_step_per_rank": [e["collectives"]["per_step"] for e in everyone],
+            "unknown_dtype_assumed_4_bytes": collectives["unknown_dtype_assumed_4_bytes"],
+            "analytic_bytes_per_step": analytic, "measured_over_analytic": {kind: measured.get(kind, {"bytes": 0})[
+                "bytes"] / volume for kind, volume in analytic.items() if volume},
+            "wire_bytes_per_rank_measured": wire_bytes({k: v["bytes"] for k, v in measured.items()}, n),
+            "wire_bytes_per_rank_analytic": wire_bytes(analytic, n),
+            "wire_model": "ring/chain average per rank: all-reduce 2(N-1)/N, reduce-scatter (N-1)/N, "
+                          "all-gather (N-1) x shard, broadcast and reduce (N-1)/N of the input bytes"}
+    return {
+        "parameter_memory_format": parameter_format, "fsdp_units": len(setup.units), "model": config["model"],
+        "optimizer_impl": setup.optimizer_impl or config["optimizer_impl"], **numbers, "collectives": collectives,
+        "phase_steps": config["phase_steps"], "phase_note": PHASE_NOTES[strategy],
+        "phases_ms": phases and phases["phases_ms"], "phase_sum_ms_median": phases and phases["step_ms_median"],
+        "phases_ms_per_rank": [e["phases"] and {k: v["median"] for k, v in e["phases"]["phases_ms"].items()}
+                               for e in everyone],
+        "host_phases_ms": phases and phases["host_phases_ms"],
+        "host_phase_sum_ms_median": phases and phases["host_step_ms_median"],
+        "host_phase_sum_ms_median_per_rank": [e["phases"] and e["phases"]["host_step_ms_median"] for e in everyone],
+        "parameter_layout_per_rank": [e["parameter_layout"] for e in everyone],
+        "memory": {"optimizer_state_tensors_per_parameter": state_tensors,
+                   "owned_parameter_fraction_per_rank": [e["owned_parameters"] / numbers["parameters"]
+                                                         for e in everyone],
+                   "optimizer_state_bytes_per_rank": [e["optimizer_state_bytes"] for e in everyone],
+                   "expected_optimizer_state_bytes_per_rank": expected,
+                   "expected_optimizer_state_saving_bytes_vs_ddp": state_tensors * numbers["parameter_bytes"] -
+                   max(expected)}}
 
 
 def epoch_throughput(step_times_ms, steps_per_epoch, images_per_step):
-    """Images per second of each whole epoch of steps_per_epoch consecutive steps, median and MAD over the epochs:
-    fairscale's statistic. Steps after the last whole epoch are left out and counted."""
+    """fairscale's statistic: images per second of each whole epoch of consecutive steps, median and MAD over them."""
     epochs = [images_per_step * steps_per_epoch / (sum(step_times_ms[start:start + steps_per_epoch]) / 1e3)
               for start in range(0, len(step_times_ms) - steps_per_epoch + 1, steps_per_epoch)]
     stats = summarize(epochs) or {"median": None, "mad": None}
-    return {"steps_per_epoch": steps_per_epoch, "count": len(epochs), "images_per_second": epochs,
-            "steps_left_out": len(step_times_ms) - len(epochs) * steps_per_epoch, "median": stats["median"],
-            "mad": stats["mad"]}
+    return {"steps_per_epoch": steps_per_epoch, "count": len(epochs), "images_per_second": epochs, "median":
+            stats["median"], "mad": stats["mad"], "steps_left_out": len(step_times_ms) - len(epochs) * steps_per_epoch}
 
 
 def strategy_run(config, launch, device_count):
-    """The harness's Run of one strategy, whose result also carries the analysis and fairscale's epoch statistic
-    (added as the harness writes it, after a failure too)."""
+    """The harness's Run of one strategy: its result says whether anything is sharded; fairscale's epochs join."""
     run = Run(config, launch, device_count)
-    run.analysis, write = None, run.write
+    run.result["sharded"], write = run.world_size > 1 and config["strategy"] != "ddp", run.write
 
     def writing(code):
-        throughput, epoch = run.result["throughput"], config["steps_per_epoch"]
-        if throughput and epoch:
-            throughput["rank0_epochs"] = epoch_throughput(run.result["step_times_ms_per_rank"][0], epoch,
-                                                          config["global_batch_size"])
-        run.result["analysis"] = run.analysis
+        if run.result["throughput"] and config["steps_per_epoch"]:
+            run.result["throughput"]["rank0_epochs"] = epoch_throughput(
+                run.result["step_times_ms_per_rank"][0], config["steps_per_epoch"], config["global_batch_size"])
         return write(code)
-    run.write = writing
+    run.write = writing  # an instance attribute: finish() and fail() call it
     return run
 
 
@@ -706,10 +615,9 @@ def run_strategy(run, mesh):
     config, device = run.config, run.device
     torch.manual_seed(config["seed"])  # identical initial weights on every rank and for every strategy
     model = build_model(config["model"]).to(device)
-    numbers = {"parameters": sum(p.numel() for p in model.parameters()),
-               "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-               "buffers": sum(1 for _ in model.buffers()),
-               "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers())}
+    numbers = {"parameters": sum(p.numel() for p in model.parameters()), "parameter_bytes": sum(
+        p.numel() * p.element_size() for p in model.parameters()), "buffers": len(list(model.buffers())),
+        "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers())}
     # FSDP2 refuses channels_last parameters: its inputs stay channels_last, so cuDNN converts each weight.
     parameter_format = "contiguous" if config["strategy"].startswith("fsdp") else config["memory_format"]
     if parameter_format == "channels_last":
@@ -721,18 +629,18 @@ def run_strategy(run, mesh):
         run.before_step(index)
         if run.after_step(index, step()):
             break
-    record = run.close(full_parameters(setup.model))
+    record = run.close(p.full_tensor() if hasattr(p, "full_tensor") else p for p in setup.model.parameters())
     if not record["signal"]:  # every rank agreed on it: all of them run the passes, or none
-        run.analysis = analyse(run, setup, step, numbers, parameter_format)
+        run.result["analysis"] = analyse(run, setup, step, numbers, parameter_format)
     return run.finish(record, lambda: build_model(config["model"]))
 
 
 def workload_heading(result):
     config, world = result["config"], result["world"]
-    parts = [config.get("model", "?"), config.get("optimizer", "?"), config["precision"], f"{config['image_size']} px",
-             f"{config['batch_size_per_device']}/device", f"{world['world_size']} x {config['device']}",
-             config["memory_format"]] + ([f"preset {config['preset']}"] if config.get("preset") else [])
-    return " | ".join(map(str, parts))
+    return " | ".join(map(str, [
+        config.get("model", "?"), config.get("optimizer", "?"), config["precision"], f"{config['image_size']} px",
+        f"{config['batch_size_per_device']}/device", f"{world['world_size']} x {config['device']}",
+        config["memory_format"]] + ([f"preset {config['preset']}"] if config.get("preset") else [])))
 
 
 def number(value, digits=0):
@@ -742,19 +650,18 @@ def number(value, digits=0):
 def analysis_row(result, baseline):
     analysis, throughput, memory = result["analysis"], result["throughput"], result["analysis"]["memory"]
     phase = {name: ((analysis["phases_ms"] or {}).get(name) or {}).get("median") for name in PHASES}
-    sync = None if phase["parameter_sync"] is None and phase["parameter_sync_before_forward"] is None else \
-        (phase["parameter_sync"] or 0.0) + (phase["parameter_sync_before_forward"] or 0.0)
+    syncs = [phase[name] for name in ("parameter_sync", "parameter_sync_before_forward") if phase[name] is not None]
     collectives = analysis["collectives"] or {}
     measured, analytic = collectives.get("measured_per_step") or {}, collectives.get("analytic_bytes_per_step")
-    counts = ", ".join(f"{measured[kind]['count']:g} {kind}" for kind in COLLECTIVE_KINDS if kind in measured)
     peak, base_peak = (result["memory"] or {}).get("peak_allocated_mib"), \
         baseline and (baseline["memory"] or {}).get("peak_allocated_mib")
     relative = baseline and throughput and throughput["rank0_median_images_per_second"] / \
         baseline["throughput"]["rank0_median_images_per_second"]
-    return (f"| {result['strategy']} | {'-' if not relative else f'{relative:.1%}'} | {number(phase['forward'], 2)} | "
-            f"{number(phase['backward'], 2)} | {number(phase['optimizer_step'], 2)} | {number(sync, 2)} | "
-            f"{number(analysis.get('host_phase_sum_ms_median'), 2)} | {counts or '-'} | "
-            f"{number(sum(v['bytes'] for v in measured.values()) / 2**20 if collectives else None, 1)} "
+    return (f"| {result['strategy']} | {f'{relative:.1%}' if relative else '-'} | {number(phase['forward'], 2)} | "
+            f"{number(phase['backward'], 2)} | {number(phase['optimizer_step'], 2)} | "
+            f"{number(sum(syncs) if syncs else None, 2)} | {number(analysis.get('host_phase_sum_ms_median'), 2)} | "
+            + (", ".join(f"{measured[kind]['count']:g} {kind}" for kind in COLLECTIVE_KINDS if kind in measured)
+               or "-") + f" | {number(sum(v['bytes'] for v in measured.values()) / 2**20 if collectives else None, 1)} "
             f"({number(sum(analytic.values()) / 2**20 if analytic else None, 1)}) | "
             f"{number(max(memory['optimizer_state_bytes_per_rank']) / 2**20, 1)} | "
             f"{number(memory['expected_optimizer_state_saving_bytes_vs_ddp'] / 2**20, 1)} | "
@@ -764,33 +671,30 @@ def analysis_row(result, baseline):
 def print_strategy_table(results):
     """Per workload: strategy | median img/s ± MAD (and fairscale's epochs) | peak MiB, then the explanation."""
     groups = {}
-    for result in results:
+    for result in sorted(results, key=lambda r: STRATEGIES.index(r["strategy"]) if r["strategy"] in STRATEGIES
+                         else len(STRATEGIES)):
         groups.setdefault(workload_heading(result), []).append(result)
     for heading, members in groups.items():
-        members.sort(key=lambda r: STRATEGIES.index(r["strategy"]) if r["strategy"] in STRATEGIES else 99)
         baseline = next((r for r in members if r["strategy"] == "ddp" and r["status"] == "ok"), None)
         epochs = any((r["throughput"] or {}).get("rank0_epochs") for r in members)
-        print(f"\n{heading}\n\n| strategy | Median throughput (img/s) (rank 0) ± MAD | "
-              + ("per epoch: median ± MAD (epochs x steps) | " if epochs else "")
-              + "Peak memory (MiB) |\n|---|---|" + ("---|" if epochs else "") + "---|")
+        print(f"\n{heading}\n\n| strategy | Median throughput (img/s) (rank 0) ± MAD | " + "per epoch: median ± MAD "
+              "(epochs x steps) | " * epochs + "Peak memory (MiB) |\n" + "|---" * (3 + epochs) + "|")
         for result in members:
-            throughput, strategy = result["throughput"], result["strategy"]
-            name = strategy + (" unsharded (1 rank)" if result["world"]["world_size"] == 1 and strategy != "ddp"
-                               else "") + ("" if result["status"] == "ok" else f" ({result['status']})")
-            speed = "-" if not throughput else (f"{throughput['rank0_median_images_per_second']:,.0f} ± "
-                                                f"{throughput['rank0_mad_images_per_second']:,.0f}")
-            if epochs:
-                epoch = (throughput or {}).get("rank0_epochs") or {}
-                speed += " | " + (f"{epoch['median']:,.0f} ± {epoch['mad']:,.0f} ({epoch['count']} x "
-                                  f"{epoch['steps_per_epoch']})" if epoch.get("count") else "-")
-            print(f"| {name} | {speed} | {number((result['memory'] or {}).get('peak_allocated_mib'))} |")
+            throughput, strategy = result["throughput"] or {}, result["strategy"]
+            epoch = throughput.get("rank0_epochs") or {}
+            cells = [strategy + " unsharded (1 rank)" * (result["world"]["world_size"] == 1 and strategy != "ddp")
+                     + ("" if result["status"] == "ok" else f" ({result['status']})"),
+                     f"{throughput['rank0_median_images_per_second']:,.0f} ± "
+                     f"{throughput['rank0_mad_images_per_second']:,.0f}" if throughput else "-"]
+            cells += [f"{epoch['median']:,.0f} ± {epoch['mad']:,.0f} ({epoch['count']} x {epoch['steps_per_epoch']})"
+                      if epoch.get("count") else "-"] if epochs else []
+            print("| " + " | ".join(cells + [number((result["memory"] or {}).get("peak_allocated_mib"))]) + " |")
         analysed = [result for result in members if result.get("analysis")]
         if analysed:  # ddp_resnet50.py's results, and interrupted ones, have none
-            print("\n| strategy | vs ddp | forward ms | backward ms | optimizer step ms | parameter sync ms | "
-                  "host ms per step | collectives per step | MiB per step measured (analytic) | "
-                  "optimizer state MiB/rank | expected state saving MiB | peak saving vs ddp MiB |\n" + "|---" * 12 + "|")
-            for result in analysed:
-                print(analysis_row(result, baseline))
+            print("\n| strategy | vs ddp | forward ms | backward ms | optimizer step ms | parameter sync ms | host ms "
+                  "per step | collectives per step | MiB per step measured (analytic) | optimizer state MiB/rank | "
+                  "expected state saving MiB | peak saving vs ddp MiB |\n" + "|---" * 12 + "|")
+            print("\n".join(analysis_row(result, baseline) for result in analysed))
     sys.stdout.flush()
 
 
@@ -799,32 +703,28 @@ def read_results(paths):
     for path in paths:
         try:
             with open(path) as stream:
-                result = json.load(stream)
-            workload_heading(result)
-            missing = sorted({"strategy", "status", "memory", "throughput"} - set(result))
+                results.append(json.load(stream))
+            workload_heading(results[-1])
+            missing = {"strategy", "status", "memory", "throughput"} - set(results[-1])
             if missing:
-                raise KeyError(missing[0])
-            if result["throughput"] and not all(isinstance(result["throughput"][key], (int, float)) for key in (
-                    "rank0_median_images_per_second", "rank0_mad_images_per_second")):
-                raise TypeError("its throughput is not a number")
+                raise KeyError(sorted(missing)[0])
         except OSError as error:
             raise UsageError(f"--table: cannot read {path} ({error.strerror})") from None
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise UsageError(f"--table: {path} is not a benchmark result ({type(error).__name__}: {error})") from None
-        results.append(result)
     return results
 
 
 def print_launch_notes(args, explicit, notes, overrides, configs):
     """What the launch does beyond what was literally asked, said before it starts."""
-    notes += [f"--preset {args.preset}: --{option.replace('_', '-')} {values['given']} given explicitly overrides "
-              f"the preset's {values['preset']}" for option, values in overrides.items()]
+    fsdp = [config["strategy"] for config in configs if config["strategy"].startswith("fsdp")]
+    notes += [f"--preset {args.preset}: --{option.replace('_', '-')} {values['given']} given explicitly overrides the "
+              f"preset's {values['preset']}" for option, values in overrides.items()]
     if "lr" not in explicit and args.preset is None:
         notes.append(f"--optimizer {args.optimizer} uses lr {args.lr:g} (pass --lr to change it)")
-    fsdp = [config["strategy"] for config in configs if config["strategy"].startswith("fsdp")]
     if fsdp and configs[0]["memory_format"] == "channels_last":
-        notes.append(f"{', '.join(fsdp)} keep their parameters contiguous (FSDP2 refuses channels_last parameters); "
-                     f"their inputs stay channels_last")
+        notes.append(f"{', '.join(fsdp)} keep their parameters contiguous (FSDP2 refuses channels_last ones); their "
+                     f"inputs stay channels_last")
     if len(configs) > 1:
         notes.append(f"{len(configs)} strategies, one result each: {', '.join(c['output'] for c in configs)}")
     print("".join(f"note: {note}\n" for note in notes), end="", flush=True)
@@ -844,18 +744,15 @@ def main(argv=None):
     strategies, notes = resolve_strategies(args, explicit, fp16)
     launch = detect_launch(os.environ)
     configs = resolve_configs(args, strategies, overrides, launch, cuda, device_count, bf16)
-    if launch["world_size"] == 1:
+    if launch["world_size"] == 1:  # the strategies' libraries need a process group, even of one rank
         notes.append("one rank: every strategy runs over a process group of one rank, unsharded (a smoke run)")
-    torch.backends.cudnn.deterministic = args.cudnn_deterministic
-    run = previous = mesh = None
-    code, finished = 0, []
+        dist.init_process_group(configs[0]["backend"], store=dist.HashStore(), rank=0, world_size=1)
+    run, code, finished, mesh = None, 0, [], None
     try:
         for config in configs:
-            run = strategy_run(config, launch, device_count)
-            if previous is None:
-                if launch["world_size"] == 1:  # the strategies' libraries need a process group, even of one rank
-                    dist.init_process_group(config["backend"], store=dist.HashStore(), rank=0, world_size=1)
-                run.meet()  # every rank has accepted the input: now the trace folder may be made
+            previous, run = run, strategy_run(config, launch, device_count)
+            run.meet()
+            if previous is None:  # every rank has accepted the input: now the trace folder may be made
                 if args.trace_dir:
                     os.makedirs(args.trace_dir, exist_ok=True)
                 if any(strategy.startswith("fsdp") for strategy in strategies):
@@ -863,17 +760,17 @@ def main(argv=None):
                     mesh = init_device_mesh(run.device.type, (launch["world_size"],))
                 if run.rank == 0:
                     print_launch_notes(args, explicit, notes, overrides, configs)
-            else:
-                run.meet()
-                # a signal that came after the last strategy's last agreement: all ranks stop here, or none
+            else:  # a signal after the last strategy's last agreement: every rank stops here, or none
                 run.signum = run.signum or previous.signum
                 run.agreed()
                 if run.agreed(last=True):
                     code = code or 128 + run.record["signal"]
+                    if run.rank == 0:
+                        print(f"{BENCHMARK}: stopped by {signal.Signals(run.record['signal']).name} before "
+                              f"{config['strategy']} started", file=sys.stderr, flush=True)
                     break
             code = code or run_strategy(run, mesh)
             finished.append(run.result)
-            previous = run
             gc.collect()  # this strategy's model, optimizer and buffers, before the next one measures
             if run.device.type == "cuda":
                 torch.cuda.empty_cache()
