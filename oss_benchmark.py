@@ -182,9 +182,9 @@ def resolve_strategies(args, explicit, fp16):
              "--device cuda (CPU autocast refuses bf16 BatchNorm weights) and a 16-bit --precision (bf16, fp16, auto)"),
             (args.optimizer in ("adam", "adamw") and "momentum" in explicit,
              f"--momentum does not apply to --optimizer {args.optimizer} (its betas are PyTorch's defaults)"),
-            (min(args.phase_steps, args.profile_steps, args.sharded_reduce_buffer) < 0 or
-             (args.steps_per_epoch or 1) < 1, "--phase-steps, --profile-steps and --sharded-reduce-buffer must not "
-                                              "be negative, --steps-per-epoch must be positive"),
+            (min(args.phase_steps, args.profile_steps, args.sharded_reduce_buffer) < 0 or args.steps_per_epoch
+             is not None and args.steps_per_epoch < 1, "--phase-steps, --profile-steps and --sharded-reduce-buffer "
+                                                       "must not be negative, --steps-per-epoch must be positive"),
             (args.trace_dir and os.path.exists(args.trace_dir) and not os.path.isdir(args.trace_dir),
              f"--trace-dir {args.trace_dir} is not a folder")):
         if broken:
@@ -479,15 +479,16 @@ def without_kineto_chatter():
 
 
 def count_collectives(run, step):
-    """Profile --profile-steps more steps (host-side events only: no CUPTI) and count the collectives. None when
-    the ranks agreed to stop (checked after every step, outside what is counted)."""
+    """Profile --profile-steps more steps (host events only: no CUPTI) and count the collectives. None when the ranks
+    agreed to stop: after every step, uncounted and settled at once (one in flight at the profiler's end breaks it)."""
     from torch.profiler import ProfilerActivity, profile, record_function
     config, steps = run.config, run.config["profile_steps"]
     with without_kineto_chatter(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
         for _ in range(steps):
             step()
             with record_function(AGREEMENT):
-                if run.agreed():
+                run.agreed()
+                if run.agreed(last=True):
                     return None
         if run.device.type == "cuda":
             torch.cuda.synchronize(run.device)
@@ -544,7 +545,8 @@ def analyse(run, setup, step, numbers, parameter_format):
         print(f"  instrumented pass ({config['phase_steps']} steps), profiled pass ({config['profile_steps']} "
               f"steps)", flush=True)
     phases = instrumented_pass(run, setup, step) if config["phase_steps"] else None
-    collectives = count_collectives(run, step) if config["profile_steps"] and not run.record["signal"] else None
+    # (the instrumented pass's last agreement settled before the profiler starts)
+    collectives = count_collectives(run, step) if config["profile_steps"] and not run.agreed(last=True) else None
     if run.agreed(last=True):
         return None
     everyone = [local_analysis(setup, config, phases, collectives, numbers)] * n
@@ -769,7 +771,8 @@ def main(argv=None):
                         print(f"{BENCHMARK}: stopped by {signal.Signals(run.record['signal']).name} before "
                               f"{config['strategy']} started", file=sys.stderr, flush=True)
                     break
-            code = code or run_strategy(run, mesh)
+            outcome = run_strategy(run, mesh)
+            code = code or outcome
             finished.append(run.result)
             gc.collect()  # this strategy's model, optimizer and buffers, before the next one measures
             if run.device.type == "cuda":

@@ -141,12 +141,13 @@ def finish(procs, limit_s=90):
     return outputs
 
 
-def launch_by_hand(script, args, world_size=2, timeout=60):
+def launch_by_hand(script, args, world_size=2, timeout=60, extra_per_rank=None):
     """Start the ranks as a launcher would, but with no agent in between, so that a test can signal or
-    kill one rank itself."""
+    kill one rank itself; extra_per_rank: a list of extra arguments for each rank (a real fault on one)."""
     port = free_port()
     extra = ["--devices", str(world_size)] if script == LIGHTNING else []
-    return [subprocess.Popen([sys.executable, str(script), *args, *extra, "--timeout", str(timeout)],
+    per_rank = extra_per_rank or [[]] * world_size
+    return [subprocess.Popen([sys.executable, str(script), *args, *extra, *per_rank[rank], "--timeout", str(timeout)],
                              env=launch_env(script, rank, world_size, port), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, cwd=ROOT)
             for rank in range(world_size)]
