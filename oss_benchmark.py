@@ -861,11 +861,11 @@ def import_extras():
 
 def detect_launch(env):
     """Rank layout from torchrun's variables (RANK, WORLD_SIZE), else Slurm's (inside srun), else one process."""
-    def integer(name, default=None):
+    def integer(name, default=None, high=10**9):
         text = env.get(name, None if default is None else str(default))
-        if text is None or not re.fullmatch(r"\s*\d{1,9}\s*", text):
+        if text is None or not re.fullmatch(r"\s*\d{1,9}\s*", text) or int(text) > high:
             raise LaunchError(f"{name} is not set, but the other launcher variables are" if text is None else
-                              f"{name}={text!r} is not a non-negative integer")
+                              f"{name}={text!r} is not an integer from 0 to {high}")
         return int(text)
 
     launch = {"slurm_job_id": env.get("SLURM_JOB_ID"), "launcher": "single", "rank": 0, "world_size": 1,
@@ -877,8 +877,8 @@ def detect_launch(env):
             raise LaunchError(f"inconsistent launcher variables: RANK={rank} WORLD_SIZE={world} "
                               f"LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}")
         launch.update(launcher="torchrun" if "TORCHELASTIC_RUN_ID" in env else "env", rank=rank, world_size=world,
-                      local_rank=local_rank, local_world_size=local_world, num_nodes=world // local_world,
-                      master_addr=env.get("MASTER_ADDR") or "127.0.0.1", master_port=integer("MASTER_PORT", 29500))
+                      local_rank=local_rank, local_world_size=local_world, num_nodes=world // local_world, master_port=
+                      integer("MASTER_PORT", 29500, 65535), master_addr=env.get("MASTER_ADDR") or "127.0.0.1")
     elif "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:  # inside srun (the batch step is one process)
         rank, world, local_rank = integer("SLURM_PROCID"), integer("SLURM_STEP_NUM_TASKS"), integer("SLURM_LOCALID")
         node, nodes = integer("SLURM_NODEID"), integer("SLURM_STEP_NUM_NODES")
@@ -894,9 +894,7 @@ def detect_launch(env):
         launch.update(launcher="slurm", rank=rank, world_size=world, local_rank=local_rank,
                       local_world_size=per_node[node], num_nodes=nodes, master_addr=env.get("MASTER_ADDR") or
                       hosts[1] + (re.split("[,-]", hosts[2])[0] if hosts[2] else ""),
-                      master_port=integer("MASTER_PORT", 15000 + integer("SLURM_JOB_ID", 0) % 20000))
-    if launch["master_port"] > 65535:
-        raise LaunchError(f"MASTER_PORT={launch['master_port']} is not a port (1-65535)")
+                      master_port=integer("MASTER_PORT", 15000 + integer("SLURM_JOB_ID", 0) % 20000, high=65535))
     return launch
 
 
@@ -905,9 +903,10 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
     device, world = args.device, launch["world_size"]
     precision = {"auto": "fp32" if device == "cpu" else "bf16" if bf16_supported else "fp16"}.get(
         args.precision, args.precision)
-    per_device = (args.global_batch_size or 0) // world or args.batch_size_per_device or DEFAULT_BATCH[device]
+    per_device = DEFAULT_BATCH[device] if args.batch_size_per_device is None else args.batch_size_per_device
+    per_device = per_device if args.global_batch_size is None else args.global_batch_size // world
     for broken, rule in (
-            (min(args.warmup_steps, args.steps, args.image_size, per_device) < 1 or (args.global_batch_size or 1) < 1,
+            (min(args.warmup_steps, args.steps, args.image_size, per_device) < 1,
              "--warmup-steps, --steps, --image-size and the batch sizes must be positive"),
             (not (0 < args.lr < math.inf and 0 <= args.momentum < math.inf),
              "--lr must be positive, --momentum finite and not negative"),
@@ -950,7 +949,7 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
               "timeout_s": args.timeout, "output": os.path.abspath(output), "compile": mode is not None,
               "compile_mode": mode, "compiled_ddp": "ddp_optimizer" if mode and world > 1 else None,
               "loss_scale": "dynamic" if precision == "fp16" else None}
-    if "benchmark_extras" in sys.modules:
+    if hasattr(args, "bucket_cap_mb"):  # benchmark_extras.py's options are on the command line
         import_extras().resolve_options(args, config, world, UsageError)
     return config
 
@@ -1223,14 +1222,13 @@ class Run:
         return self.write(128 + signum if signum else EXIT_CODES[kind])
 
     def write(self, code):
-        """The result file (rank 0), written so that readers see no file or the whole file (a temporary file, then a
-        rename; without --overwrite a hard link, which fails when another run wrote the file meanwhile: this result
-        then goes beside it), and its closing lines. NaN and infinity become null. Returns the exit code."""
+        """Rank 0's result file, whole or absent for readers (a temporary file, then a rename; without --overwrite a
+        hard link, which fails if another run wrote it meanwhile: then beside it), and its closing lines."""
         def safe(value):
             if isinstance(value, (dict, list, tuple)):
                 return {k: safe(v) for k, v in value.items()} if isinstance(value, dict) else [safe(v) for v in value]
             return None if isinstance(value, float) and not math.isfinite(value) else value
-        config, failure, path = self.config, self.result["failure"], self.config["output"]
+        config, failure, path, problem = self.config, self.result["failure"], self.config["output"], None
         temporary = os.path.join(os.path.dirname(path), f".tmp-{os.getpid()}-{time.monotonic_ns()}.json")
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -1241,21 +1239,22 @@ class Run:
             else:
                 try:
                     os.link(temporary, path)
-                except FileExistsError:  # another run wrote it meanwhile: this result goes beside it
+                except FileExistsError:
                     path = f"{os.path.splitext(path)[0]}.{os.getpid()}.json"
                     os.link(temporary, path)
-        except Exception as error:  # noqa: BLE001 - the failure path reports it and exits
-            path = f"no result written ({error})"
+                    problem = f"another run wrote --output meanwhile: this result is {path}"
+        except Exception as error:  # noqa: BLE001 - said in one line; the run then ends with an error code
+            path = problem = f"no result written ({type(error).__name__}: {error})"
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
         print(f"result: {self.result['status']} -> {path}", flush=True)
-        if path != config["output"] or failure:
-            print(f"{BENCHMARK}: " + (f"{failure['kind']} on rank {failure['rank']}: {failure['message']}" if failure
-                                      else "error") + ("" if path == config["output"] else f"; --output written "
-                                                       f"meanwhile by another run: this result is {path}"),
-                  file=sys.stderr, flush=True)
-        return code if path == config["output"] else EXIT_CODES["error"]
+        rank = f" on rank {failure['rank']}" if failure and failure["rank"] is not None else ""
+        if failure or problem:
+            print(f"{BENCHMARK}: " + "; ".join(text for text in (
+                failure and f"{failure['kind']}{rank}: {failure['message']}", problem) if text), file=sys.stderr,
+                  flush=True)
+        return code or (EXIT_CODES["error"] if problem else 0)
 
     def fail(self, error, signum=0):
         """Write what is known and exit at once (error None: a signal before the ranks met)."""

@@ -478,7 +478,7 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
               "tf32": device == "cuda", "memory_format_requested": args.memory_format, "memory_format": {
                   "auto": "channels_last" if device == "cuda" else "contiguous"}.get(args.memory_format,
                                                                                      args.memory_format),
-              "cudnn_benchmark": device == "cuda", "cudnn_benchmark_limit": None,
+              "cudnn_benchmark": vars(args).get("cudnn_benchmark", device == "cuda"), "cudnn_benchmark_limit": None,
               "timeout_s": args.timeout, "output": os.path.abspath(output), "compile": mode is not None,
               "compile_mode": mode, "compiled_ddp": "ddp_optimizer" if mode and world > 1 else None,
               "loss_scale": "dynamic" if precision == "fp16" else None}
