@@ -11,7 +11,7 @@ TOOL = ROOT / "tools" / "harness_cost.py"
 def test_blocks_alternate_and_the_ratio_is_bare_over_harness_time(tmp_path):
     output = tmp_path / "cost.json"
     proc = subprocess.run([sys.executable, str(TOOL), *SMALL, "--blocks", "2", "--block-steps", "2",
-                           "--output-json", str(output)], capture_output=True, text=True, timeout=300,
+                           "--output", str(output)], capture_output=True, text=True, timeout=300,
                           env=clean_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     cost = json.loads(output.read_text())

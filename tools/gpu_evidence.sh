@@ -5,33 +5,33 @@
 #
 #   baseline  one GPU, 256 and 32 images: each precision and speed option (performance.md, "One GPU")
 #   fastest   the fastest mode into an empty Inductor cache and from it, without --sums-batch-norm, the twin in it
+#   measure   one GPU: peak memory and run-to-run agreement by mode, the twin's variants, the harness's own cost
 #   scaling   one GPU against two: DDP's options, compression hooks, compiled and captured steps
 #   twins     native against the Lightning twin, as shipped and --lightning-matched, in each mode
 #   sharding  oss_benchmark.py: every strategy with SGD and Adam, FSDP2's unit sizes, fairscale's conditions
 #   probes    the experiments/ probes: kernel profiles, the stem, batch norm, Lightning's loop cost
 #   faults    a real out-of-memory, a real desync (ranks with different --lr), a SIGTERM: their statuses and exit codes
 #
-# One-GPU runs go in pairs, one per GPU, side by side (one after the other with --gpus 1); two-GPU runs one after
-# another. Each run writes DIR/NAME.json (oss_benchmark.py: DIR/NAME-STRATEGY.json) and DIR/logs/NAME.log, and
-# appends its command to DIR/commands.txt as the results/ folders list them (output paths relative to DIR), so that
-# DIR can become a results/ campaign as it is. --dry-run prints those commands and runs nothing. --telemetry samples
-# nvidia-smi every 100 ms into DIR/nvidia-smi.csv (tools/telemetry.py lines it up with the results). The script
-# exits 1 when a run ended otherwise than expected (DIR/failed.txt names them), 2 on bad usage. Give each call its
-# own DIR: a result is never overwritten. The sharding matrix needs fairscale installed.
+# One-GPU runs go in pairs, one per GPU, side by side (one after the other with --gpus 1; measure: one after the
+# other); two-GPU runs one after another. Each run writes DIR/NAME.json (oss_benchmark.py: DIR/NAME-STRATEGY.json)
+# and DIR/logs/NAME.log, and appends its command to DIR/commands.txt with output paths relative to DIR, so that DIR
+# can become a results/ campaign. --dry-run prints the commands only. --telemetry samples nvidia-smi every 100 ms
+# into DIR/nvidia-smi.csv. Exit 1 when a run ended otherwise than expected (DIR/failed.txt), 2 on bad usage; a
+# result is never overwritten. The sharding matrix needs fairscale.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 PY=${PYTHON:-python}
 OUT=runs/gpu-evidence DRY=0 TELEMETRY=0 GPUS="" MATRICES=()
 usage() { echo "gpu_evidence.sh: error: $1 (usage: tools/gpu_evidence.sh [--dry-run] [--telemetry] [--gpus N]" \
-  "[--out DIR] MATRIX...; matrices: baseline fastest scaling twins sharding probes faults)" >&2; exit 2; }
+  "[--out DIR] MATRIX...; matrices: baseline measure fastest scaling twins sharding probes faults)" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1; shift ;;
     --telemetry) TELEMETRY=1; shift ;;
     --gpus) [[ ${2:-} =~ ^[12]$ ]] || usage "--gpus takes 1 or 2"; GPUS=$2; shift 2 ;;
     --out) [ $# -ge 2 ] || usage "--out needs a folder"; OUT=$2; shift 2 ;;
-    baseline|fastest|scaling|twins|sharding|probes|faults) MATRICES+=("$1"); shift ;;
+    baseline|measure|fastest|scaling|twins|sharding|probes|faults) MATRICES+=("$1"); shift ;;
     *) usage "unknown matrix or option: $1" ;;
   esac
 done
@@ -131,6 +131,18 @@ matrix_baseline() {  # performance.md: "One GPU, 256 images" and "One GPU, 32 im
        "native-1gpu-bf16-32-graphs $PY $n ${s[*]} --cuda-graphs ${G[*]}"
   pair "native-1gpu-fp16ls-32-graphs $PY $n ${s[*]} ${FP16[*]} --cuda-graphs ${G[*]}" \
        "native-1gpu-bf16-32-compile-graphs $PY $n ${s[*]} --compile --cuda-graphs ${G[*]}"
+}
+
+matrix_measure() {  # performance.md: "What a result's numbers are worth"; experiments/harness-cost; the README
+  local n=ddp_resnet50.py s=(--batch-size-per-device 32) c="$PY tools/harness_cost.py --blocks 8 --block-steps 20" b
+  one native-1gpu-bf16-256-a "$PY" $n; one native-1gpu-bf16-256-b "$PY" $n; one native-1gpu-bf16-32 "$PY" $n "${s[@]}"
+  for m in "" --cuda-graphs; do one "native-1gpu-bf16-256-compile${m:+-graphs}" "$PY" $n --compile $m
+    one "native-1gpu-bf16-32-compile${m:+-graphs}" "$PY" $n "${s[@]}" --compile $m; done
+  one lightning-1gpu-bf16-256 "$PY" $L; one lightning-1gpu-bf16-256-matched "$PY" $L --lightning-matched
+  one native-1gpu-fp16ls-256-best "$PY" $n "${FASTEST[@]}"
+  for b in 256 128 32; do one cost-bf16-$b $c --batch-size-per-device $b; one cost-fp16-$b $c --batch-size-per-device \
+    $b --precision fp16; one cost-fp16ls-$b $c --batch-size-per-device $b "${FP16[@]}"; done
+  one cost-bf16-256-compile $c --compile; one cost-bf16-32-compile-graphs $c "${s[@]}" --compile --cuda-graphs
 }
 
 matrix_fastest() {  # performance.md: "The fastest mode", one GPU, one run after another (the cache is per run)
@@ -246,17 +258,15 @@ matrix_probes() {  # experiments/*/README.md
     probe "$v" 0 "$PY" experiments/stem/stem_probe.py --part "$part" --conv "$conv" --maxpool $maxpool \
       --precision $precision $([[ $v == *-compile-* ]] && echo --compile) --json "$d/$v.json"
   done
-  for v in torchvision sums; do
-    probe "bn-$v" 0 "$PY" experiments/batchnorm/bn_probe.py --batch-norm $v --precision fp16 \
-      --coordinate-descent-tuning --json "$d/bn-$v-fp16-cdt.json"
-  done
+  for v in torchvision sums; do probe "bn-$v" 0 "$PY" experiments/batchnorm/bn_probe.py --batch-norm $v \
+    --precision fp16 --coordinate-descent-tuning --json "$d/bn-$v-fp16-cdt.json"; done
   probe loop-cost-cuda-bf16 0 "$PY" experiments/lightning-interleaved/hook_profile.py --timing --device cuda \
     --precision bf16 --repeats 5 --output-json "$d/loop-cost-cuda-bf16.json"
 }
 
 desync() {  # desync RANK: one rank of a two-rank run started by hand (the line is recorded before it starts)
   local rank=$1
-  BACKGROUND=1 LOG=native-2gpu-desync-rank$rank run native-2gpu-desync 0,1 3 MASTER_ADDR=127.0.0.1 \
+  BACKGROUND=1 LOG=native-2gpu-desync-rank$rank run native-2gpu-desync 0,1 $((rank ? 0 : 3)) MASTER_ADDR=127.0.0.1 \
     MASTER_PORT=29531 WORLD_SIZE=2 RANK=$rank LOCAL_RANK=$rank LOCAL_WORLD_SIZE=2 -- \
     "$PY" ddp_resnet50.py --lr "0.$((rank + 1))" "${E[@]}"
 }
@@ -265,8 +275,7 @@ matrix_faults() {  # a real fault of each kind: the result's status and the exit
   local n=ddp_resnet50.py rank
   [ "$GPUS" -ge 2 ] || { record "# the out-of-memory and desync runs need two GPUs"; return; }
   run native-2gpu-oom 0,1 4 -- "${TWO[@]}" $n --batch-size-per-device 4096 --warmup-steps 1 --steps 1
-  RECORD_ONLY=1 desync 0  # ranks started by hand, rank 1 with another learning rate: the replicas drift apart
-  RECORD_ONLY=1 desync 1
+  for rank in 0 1; do RECORD_ONLY=1 desync $rank; done  # by hand, rank 1 with another learning rate: a real desync
   record wait
   if ((!DRY)); then
     RECORDED=1 desync 0 &

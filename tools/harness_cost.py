@@ -2,7 +2,7 @@
 run bare (a plain loop between two CUDA events) and through the harness (ddp_resnet50.py's per-step work: the loss
 kept, a CUDA event and the host clock after each step, the progress line, the stop agreement).
 
-    python tools/harness_cost.py --blocks 20 --block-steps 25 --output-json cost.json [ddp_resnet50.py options]
+    python tools/harness_cost.py --blocks 20 --block-steps 25 --output cost.json [ddp_resnet50.py options]
     python tools/harness_cost.py --device cpu --image-size 32 --batch-size-per-device 4 --blocks 2 --block-steps 2
 
 One process (the agreement across ranks is a background all-reduce whose cost shows in multi-GPU runs of the
@@ -36,12 +36,12 @@ def parse_arguments(native, argv):
     tool = argparse.ArgumentParser(description=__doc__.split("\n")[0], add_help=False)
     tool.add_argument("--blocks", type=int, default=20, help="blocks of each kind, interleaved")
     tool.add_argument("--block-steps", type=int, default=25, help="training steps per block")
-    tool.add_argument("--output-json", help="write the blocks' times and the ratios here")
+    tool.add_argument("--output", help="write the blocks' times and the ratios to this JSON file")
     own, rest = tool.parse_known_args(argv)
     if own.blocks < 1 or own.block_steps < 2:
         raise native.UsageError("--blocks must be at least 1 and --block-steps at least 2")
-    if own.output_json and not os.access(os.path.dirname(os.path.abspath(own.output_json)) or ".", os.W_OK):
-        raise native.UsageError(f"--output-json {own.output_json}: its folder cannot be written")
+    if own.output and not os.access(os.path.dirname(os.path.abspath(own.output)) or ".", os.W_OK):
+        raise native.UsageError(f"--output {own.output}: its folder cannot be written")
     if {"-h", "--help"} & set(rest):
         tool.print_help()
     unused = os.path.join(tempfile.mkdtemp(prefix="harness-cost-"), "unused.json")  # nothing is written there
@@ -118,11 +118,11 @@ def main(argv=None):
     print(f"harness / bare throughput: pooled {summary['ratio_pooled']:.4f}, median {summary['ratio_median']:.4f} "
           f"(min {summary['ratio_min']:.4f}, max {summary['ratio_max']:.4f}) over {own.blocks} pairs of "
           f"{own.block_steps} steps; the harness's own host time {host_us:.1f} us a step", flush=True)
-    if own.output_json:
-        temporary = f"{own.output_json}.{os.getpid()}.tmp"
+    if own.output:
+        temporary = f"{own.output}.{os.getpid()}.tmp"
         with open(temporary, "w") as stream:
             json.dump(summary, stream, indent=1)
-        os.replace(temporary, own.output_json)
+        os.replace(temporary, own.output)
     return 0
 
 
