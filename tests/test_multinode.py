@@ -34,7 +34,7 @@ def test_two_torchrun_nodes_make_one_world(two_node_run):
     assert result["status"] == "ok"
     assert [rank["rank"] for rank in result["hardware"]["ranks"]] == [0, 1]
     # Only node 0 holds rank 0, which prints the report; node 1's rank stays quiet.
-    assert "| ddp | 2 | fp32 | 4 |" in outcomes[0][1] and "| ddp |" not in outcomes[1][1]
+    assert "| ddp | 2 | 4 |" in outcomes[0][1] and "| ddp |" not in outcomes[1][1]
 
 
 def test_two_torchrun_nodes_keep_parameters_synchronised(two_node_run):

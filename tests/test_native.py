@@ -2,10 +2,16 @@
 import datetime
 import json
 import math
+import os
+import pathlib
+import subprocess
 
 import pytest
 
-from conftest import NATIVE, SMALL, finish, launch_by_hand, read_result, run_script
+from conftest import NATIVE, ROOT, SMALL, clean_env, finish, launch_by_hand, read_result, run_script
+
+UMASK = os.umask(0o022)
+os.umask(UMASK)
 
 
 def test_two_rank_result_field_by_field(native_two_rank):
@@ -73,13 +79,24 @@ def test_strong_scaling_splits_the_global_batch(tmp_path):
     assert (config["batch_mode"], config["batch_size_per_device"], config["global_batch_size"]) == ("global", 3, 6)
 
 
-def test_single_process_plain_python(tmp_path):
-    output = tmp_path / "one.json"
-    proc = run_script(NATIVE, [*SMALL, "--precision", "bf16", "--output", str(output)])
+def test_single_process_plain_python_without_output_writes_under_runs(tmp_path):
+    """No --output: the result goes to runs/ where the run starts (git-ignored in a checkout), never into the
+    committed results/; it is readable by others under the usual umask."""
+    def status():
+        return subprocess.run(["git", "status", "--porcelain", "--", "results"], capture_output=True, text=True,
+                              cwd=ROOT).stdout
+    before = status()
+    proc = run_script(NATIVE, [*SMALL, "--precision", "bf16"], env=clean_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    result = read_result(output)
-    assert result["world"]["launcher"] == "single" and result["world"]["world_size"] == 1
-    assert result["config"]["precision"] == "bf16" and result["status"] == "ok"
+    written = pathlib.Path(proc.stdout.split("result: ok -> ")[1].split()[0])
+    try:
+        assert written.parent == ROOT / "runs" and status() == before
+        assert oct(written.stat().st_mode & 0o777) == oct(0o666 & ~UMASK)
+        result = read_result(written)
+        assert result["world"]["launcher"] == "single" and result["world"]["world_size"] == 1
+        assert result["config"]["precision"] == "bf16" and result["status"] == "ok"
+    finally:
+        written.unlink()
 
 
 def test_replicas_that_drift_apart_are_a_desync(tmp_path):

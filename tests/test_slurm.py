@@ -4,7 +4,7 @@ Jobs are submitted as a user would, `sbatch slurm/<script>.sbatch`, in the scrip
 gloo, 32 px, 2 tasks of one core on the one node), and the test waits until Slurm reports the job ended. The
 test cluster's node also offers two GPUs that are only names (no device behind them), so that the scripts' GPU
 checks meet the values Slurm itself sets when it allocates GPUs, for --gpus-per-node and for --gres alike; such
-jobs start a stand-in for python that shows what srun started. One cluster serves the whole session. Without
+jobs start a stand-in for python that shows what srun started. One cluster serves the whole test run. Without
 Slurm installed (CI installs it: .ci/run) these tests skip with the reason, except the sweep-composition tests at
 the end, which replace sbatch by a recorder. To watch the same cluster by hand: `python tests/slurm_cluster.py
 /tmp/slurm` (see its docstring).
@@ -274,7 +274,7 @@ def test_oss_sbatch_runs_each_strategy_in_one_job(cluster, results_dir):
 
 
 def test_closing_line_names_only_files_this_job_wrote(cluster, tmp_path):
-    # A Slurm job id comes again when the controller starts afresh (this test cluster does, every session), and
+    # A Slurm job id comes again when the controller starts afresh (this test cluster does, in every test run), and
     # an earlier job's files of that id may still be there. The job is held until they are in place; its
     # stand-in for python rewrites one of them, as a rerun of a sharding strategy would.
     rewrite = stand_in(tmp_path, "rewrite", 'while [ $# -gt 0 ]; do [ "$1" = --output ] && output=$2; shift; done\n'
