@@ -437,7 +437,9 @@ def rows_by_setup(rows):
 
 def varying_options(runs):
     """Per benchmark and strategy, the option names whose values differ between its results: only those are
-    shown (an option that comes with a strategy, such as FSDP's unit count, says nothing the name does not)."""
+    shown (an option that comes with a strategy, such as FSDP's unit count, says nothing the name does not). An
+    option one result records and another does not (a newer script records more) varies only where that absence
+    is all that tells two results apart."""
     names, values = defaultdict(set), defaultdict(lambda: defaultdict(set))
     for run in runs:
         names[run["config"].benchmark, run["config"].strategy].update(dict(run["config"].options))
@@ -445,8 +447,18 @@ def varying_options(runs):
         which, options = (run["config"].benchmark, run["config"].strategy), dict(run["config"].options)
         for name in names[which]:
             values[which][name].add(options.get(name))
-    return {which: sorted(name for name, seen in by_name.items() if len(seen) > 1)
-            for which, by_name in values.items()}
+    varying = {which: sorted(name for name, seen in by_name.items() if len(seen - {None}) > 1)
+               for which, by_name in values.items()}
+    for which, by_name in values.items():
+        labels = defaultdict(set)
+        for run in runs:
+            if (run["config"].benchmark, run["config"].strategy) == which:
+                options = dict(run["config"].options)
+                labels[run["config"]._replace(options=None), tuple(options.get(name) for name in varying[which])].add(
+                    run["config"].options)
+        if any(len(options) > 1 for options in labels.values()):
+            varying[which] = sorted(name for name, seen in by_name.items() if len(seen) > 1)
+    return varying
 
 
 def options_agree(a, b):

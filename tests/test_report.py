@@ -248,6 +248,22 @@ def test_options_that_differ_split_configurations_and_are_shown(tmp_path):
     assert [(row[1], row[9]) for row in rows] == [("ddp (bucket_cap_mb=25.0)", "1"), ("ddp (bucket_cap_mb=50.0)", "1")]
 
 
+def test_an_option_only_a_newer_result_records_is_shown_only_where_it_alone_tells_results_apart(tmp_path):
+    older = fixture("native-weak-2proc-a")
+    newer = copy.deepcopy(older)
+    older["config"]["bucket_cap_mb"], newer["config"]["bucket_cap_mb"] = 25.0, 50.0
+    newer["config"]["added_option"] = "on"  # an option the older script did not record
+    write(tmp_path / "two" / "older.json", older)
+    write(tmp_path / "two" / "newer.json", newer)
+    rows = table_rows(run_report(tmp_path / "two").stdout, "All configurations")
+    assert sorted(row[1] for row in rows) == ["ddp (bucket_cap_mb=25.0)", "ddp (bucket_cap_mb=50.0)"]
+    newer["config"]["bucket_cap_mb"] = 25.0  # now the absence alone tells the two apart: it is shown
+    write(tmp_path / "one" / "older.json", older)
+    write(tmp_path / "one" / "newer.json", newer)
+    rows = table_rows(run_report(tmp_path / "one").stdout, "All configurations")
+    assert sorted(row[1] for row in rows) == ["ddp (added_option unset)", "ddp (added_option=on)"]
+
+
 def test_report_is_deterministic_and_independent_of_input_order(report):
     files = sorted(FIXTURES.glob("*.json"))
     forward = report.render_markdown(report.load_runs(files), ROOT)
