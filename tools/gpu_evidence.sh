@@ -11,6 +11,11 @@
 #   sharding  oss_benchmark.py: every strategy with SGD and Adam, FSDP2's unit sizes, fairscale's conditions
 #   probes    the experiments/ probes: kernel profiles, the stem, batch norm, Lightning's loop cost
 #   faults    a real out-of-memory, a real desync (ranks with different --lr), a SIGTERM: their statuses and exit codes
+#   twins2    two GPUs: native, the stock twin and the matched twin in turn, three rounds, at 256 and 32 images eager
+#             and 256 compiled (lightning/README.md)
+#   slowlink  two GPUs: fairscale's conditions and the whole sharding suite under NCCL's defaults, without
+#             peer-to-peer, and without peer-to-peer or shared memory (sharding.md)
+#   defaults2 two GPUs: each script's defaults, for report.py --check-against the committed two-GPU campaigns
 #
 # One-GPU runs go in pairs, one per GPU, side by side (one after the other with --gpus 1; measure: one after the
 # other); two-GPU runs one after another. Each run writes DIR/NAME.json (oss_benchmark.py: DIR/NAME-STRATEGY.json)
@@ -24,14 +29,15 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 PY=${PYTHON:-python}
 OUT=runs/gpu-evidence DRY=0 TELEMETRY=0 GPUS="" MATRICES=()
 usage() { echo "gpu_evidence.sh: error: $1 (usage: tools/gpu_evidence.sh [--dry-run] [--telemetry] [--gpus N]" \
-  "[--out DIR] MATRIX...; matrices: baseline measure fastest scaling twins sharding probes faults)" >&2; exit 2; }
+  "[--out DIR] MATRIX...; matrices: baseline measure fastest scaling twins sharding probes faults twins2 slowlink" \
+  "defaults2)" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1; shift ;;
     --telemetry) TELEMETRY=1; shift ;;
     --gpus) [[ ${2:-} =~ ^[12]$ ]] || usage "--gpus takes 1 or 2"; GPUS=$2; shift 2 ;;
     --out) [ $# -ge 2 ] || usage "--out needs a folder"; OUT=$2; shift 2 ;;
-    baseline|measure|fastest|scaling|twins|sharding|probes|faults) MATRICES+=("$1"); shift ;;
+    baseline|measure|fastest|scaling|twins|sharding|probes|faults|twins2|slowlink|defaults2) MATRICES+=("$1"); shift ;;
     *) usage "unknown matrix or option: $1" ;;
   esac
 done
@@ -283,6 +289,35 @@ matrix_faults() {  # a real fault of each kind: the result's status and the exit
     wait
   fi
   run native-1gpu-sigterm 0 143 -- timeout --preserve-status -s TERM 40 "$PY" $n --warmup-steps 10 --steps 100000
+}
+
+matrix_twins2() {  # lightning/README.md: Lightning's cost on two GPUs, each variant in turn so that drift hits all
+  local n=ddp_resnet50.py round mode args
+  for round in a b c; do
+    for mode in "256 ${E[*]}" "32 --batch-size-per-device 32 ${E[*]}" "256-compile --compile ${E[*]}"; do
+      read -r -a args <<<"${mode#* }"
+      two "native-2gpu-bf16-${mode%% *}-$round" "${TWO[@]}" $n "${args[@]}"
+      two "lightning-2gpu-bf16-${mode%% *}-stock-$round" "$PY" $L --devices 2 "${args[@]}"
+      two "lightning-2gpu-bf16-${mode%% *}-matched-$round" "$PY" $L --lightning-matched --devices 2 "${args[@]}"
+    done
+  done
+}
+
+matrix_slowlink() {  # sharding.md: the fairscale user's link, as near as two NVLinked GPUs get to it
+  local o=oss_benchmark.py w=(--warmup-steps 10 --steps 50) link vars
+  for link in nvlink "p2p-off NCCL_P2P_DISABLE=1" "p2p-shm-off NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1"; do
+    read -r -a vars <<<"${link#* }"
+    [ "$link" = nvlink ] && vars=()
+    run "fairscale-2gpu-${link%% *}" 0,1 0 "${vars[@]}" -- "${TWO[@]}" $o --preset fairscale \
+      --strategy ddp,oss_ddp,oss_sharded_ddp "${w[@]}"
+    run "sharding-2gpu-${link%% *}" 0,1 0 "${vars[@]}" -- "${TWO[@]}" $o --strategy all "${w[@]}"
+  done
+}
+
+matrix_defaults2() {  # each script as a user first runs it on two GPUs
+  two native-2gpu-default "${TWO[@]}" ddp_resnet50.py
+  two lightning-2gpu-default "$PY" $L --devices 2
+  two sharding-2gpu-default "${TWO[@]}" oss_benchmark.py
 }
 
 record "# tools/gpu_evidence.sh ${MATRICES[*]}: $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null)"
