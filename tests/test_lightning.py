@@ -219,6 +219,15 @@ def test_more_devices_than_gpus(twin, tmp_path, monkeypatch, capsys):
                        monkeypatch, capsys)
 
 
+def test_errors_name_the_lightning_script_not_native(tmp_path):
+    """Both kinds of refusal, the parser's and the harness's, start with the twin's own name."""
+    for argv in (["--steps", "0"], ["--output", f"{tmp_path}/folder/"]):
+        proc = run_script(LIGHTNING, [*SMALL, *argv])
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert lines[0].startswith("lightning/ddp_resnet50.py: error: "), lines
+
+
 def test_readme_code_map_line_numbers_match_the_file():
     readme = (ROOT / "lightning" / "README.md").read_text()
     source = (ROOT / "lightning" / "ddp_resnet50.py").read_text().splitlines()
