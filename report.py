@@ -727,6 +727,7 @@ def sharding_table(rows, varying):
                 speed = "baseline"
             elif window and peak_mib(baseline, window):
                 difference = peak_mib(baseline, window) - peak_mib(row, window)
+                difference = difference if round(difference) else 0.0  # under half a MiB is none, not "-0"
                 saved = f"{difference:,.0f} MiB ({format_percent(difference / peak_mib(baseline, window))})"
             elif usable and row["memory"] and baseline["memory"]:
                 saved = "– (other memory window)"
