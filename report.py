@@ -111,6 +111,7 @@ OK_FIELDS = ["throughput.images_per_second", "throughput.rank0_median_images_per
              "throughput.rank0_mad_images_per_second"]
 OPTIONAL_FIELDS = [
     ("config.model", str), ("config.compile_mode", str), ("software", dict), ("software.torch", str),
+    ("software.environment", dict),
     ("hardware", dict), ("hardware.ranks", list), ("hardware.cpu", str), ("failure", dict),
     ("failure.message", str), ("throughput", dict), ("memory", dict),
     ("throughput.images_per_second", NUMBER), ("throughput.rank0_median_images_per_second", NUMBER),
@@ -1055,11 +1056,12 @@ def main(argv=None):
     if not runs and not file_mode:
         raise UsageError(f"no result files in {', '.join(args.paths)}")
     status = EXIT_OK
-    reference_runs = None
+    checked = None
     if args.check_against:  # an unusable reference ends the run before anything is written
         reference_runs = load_runs([args.check_against], what="reference")
         if not reference_runs:
             raise UsageError(f"--check-against {args.check_against}: no result files")
+        checked = check_against(runs, reference_runs, args.tolerance, args.check_against)
     if args.check_markdown:
         try:
             old = pathlib.Path(args.check_markdown).read_text(encoding="utf-8")
@@ -1086,8 +1088,8 @@ def main(argv=None):
             print(f"report.py: note: {note}", file=sys.stderr)
         for path in written:
             print(f"wrote {path}")
-    if reference_runs is not None:
-        code, lines = check_against(runs, reference_runs, args.tolerance, args.check_against)
+    if checked is not None:
+        code, lines = checked
         for line in lines:
             print(line, file=sys.stderr if line.startswith("report.py:") else sys.stdout)
         status = max(status, code)

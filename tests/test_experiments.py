@@ -4,11 +4,11 @@ import json
 import re
 import subprocess
 import sys
-import time
+import types
 
 import pytest
 
-from conftest import ROOT, clean_env, load_script, run_script
+from conftest import ROOT, clean_env, load_script, pretend_gpus, run_script
 
 EXPERIMENTS = ROOT / "experiments"
 STEM, BATCHNORM = EXPERIMENTS / "stem" / "stem_probe.py", EXPERIMENTS / "batchnorm" / "bn_probe.py"
@@ -47,7 +47,8 @@ def test_the_sums_batch_norm_is_pytorchs():
     (BATCHNORM, ["--iterations", "-3"], "argument --iterations: must be a positive integer, got -3"),
     (BATCHNORM, ["--json", "{file}/out.json"], "--json directory {file} cannot be written"),
 ])
-def test_the_timing_probes_refuse_bad_input_before_measuring(script, argv, rule, tmp_path):
+def test_the_timing_probes_refuse_bad_input_before_measuring(script, argv, rule, tmp_path, monkeypatch):
+    pretend_gpus(monkeypatch, count=0)  # the same on a machine with a GPU
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     probe = load_script(script)
@@ -62,14 +63,21 @@ def test_bad_input_is_one_line_and_exit_2_on_the_command_line(tmp_path):
     assert proc.stderr == "stem_probe.py: error: argument --batch: must be a positive integer, got 0\n"
 
 
-def test_iterations_are_timed_one_by_one():
-    """probe_common.time_iterations on the CPU times each iteration with the host clock: 20, 40 and 60 ms of sleep."""
+def test_iterations_are_timed_one_by_one(monkeypatch):
+    """probe_common.time_iterations on the CPU times each iteration with the host clock (here a fake one that the
+    iterations advance by 20, 40 and 60 ms)."""
     common = load_script(EXPERIMENTS / "probe_common.py", "probe_common_under_test")
     import torch
-    calls = []
-    stats = common.time_iterations(lambda: (calls.append(1), time.sleep(0.02 * len(calls))), 3, torch.device("cpu"))
+    clock, calls = [100.0], []
+    monkeypatch.setattr(common, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def iteration():
+        calls.append(1)
+        clock[0] += 0.02 * len(calls)
+
+    stats = common.time_iterations(iteration, 3, torch.device("cpu"))
     assert len(calls) == stats["count"] == 3
-    assert 20 <= stats["min"] < 40 <= stats["median"] < 60 <= stats["max"] < 400
+    assert (stats["min"], stats["median"], stats["max"]) == pytest.approx((20, 40, 60))
 
 
 def test_the_step_profile_builds_the_scripts_step_and_summarises_it(tmp_path):
@@ -138,7 +146,8 @@ def test_hook_profile_times_the_loops_without_a_profiler(tmp_path):
     (["--timing", "--output-json", "{file}/x.json"], "--output-json directory {file} cannot be written"),
     (["--timing", "--device", "cuda"], "--device cuda needs a CUDA GPU and none is visible"),
 ])
-def test_hook_profile_refuses_bad_input_before_timing(tmp_path, argv, rule):
+def test_hook_profile_refuses_bad_input_before_timing(tmp_path, argv, rule, monkeypatch):
+    pretend_gpus(monkeypatch, count=0)
     profile = load_script(HOOK_PROFILE, "hook_profile_under_test")
     a_file = tmp_path / "a-file"
     a_file.write_text("")

@@ -110,7 +110,7 @@ def test_a_stopped_rank_is_noticed_within_the_timeout(tmp_path):
     finally:
         procs[1].kill()
         procs[1].wait()
-    assert time.monotonic() - started < 14 and code == 1, err
+    assert time.monotonic() - started < 20 and code == 1, err  # --timeout 12, a loaded machine's exit
     assert read_result(output)["status"] == "error"
 
 
@@ -142,7 +142,7 @@ def test_a_host_that_does_not_exist_is_one_line_within_the_timeout(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for r in (0, 1)]
     started = time.monotonic()
     outputs = finish(procs)
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < 30  # within --timeout 20, with the start-ups of a loaded machine
     for code, _, err in outputs:
         lines = [line for line in err.splitlines() if line.strip()]
         assert code == 2 and len(lines) == 1 and "'nosuchhost1' cannot be resolved" in lines[0], err
@@ -165,7 +165,11 @@ def test_a_late_rank_does_not_trip_over_rank_zeros_error_result(tmp_path):
         rank1 = subprocess.Popen([sys.executable, str(NATIVE), *SMALL, "--timeout", "10", "--output", str(output)],
                                  env=clean_env(**env, RANK="1", LOCAL_RANK="1"), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        with pytest.raises(subprocess.TimeoutExpired):  # it goes on to meet the others (here: nobody answers)
-            rank1.wait(timeout=8)
-        rank1.kill()
-        assert "exists" not in rank1.communicate()[1]
+        taken.settimeout(60)
+        try:  # it went past the output check to meet the others: it connects to the master's port
+            connection, _ = taken.accept()
+            connection.close()
+        finally:
+            rank1.kill()
+            _, err = rank1.communicate()
+        assert rank1.returncode != 2, err

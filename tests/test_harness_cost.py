@@ -1,9 +1,12 @@
 """tools/harness_cost.py: the training step timed bare and through the benchmark's loop, in interleaved blocks."""
 import json
+import math
 import subprocess
 import sys
 
-from conftest import ROOT, SMALL, clean_env
+import pytest
+
+from conftest import ROOT, SMALL, clean_env, load_script
 
 TOOL = ROOT / "tools" / "harness_cost.py"
 
@@ -20,12 +23,36 @@ def test_blocks_alternate_and_the_ratio_is_bare_over_harness_time(tmp_path):
     assert all(b["bare_ms"] > 0 and b["harness_ms"] > 0 for b in blocks)
     assert cost["ratio_pooled"] == sum(b["bare_ms"] for b in blocks) / sum(b["harness_ms"] for b in blocks)
     assert cost["ratio_min"] <= cost["ratio_median"] <= cost["ratio_max"]
-    assert cost["config"]["warmup_steps"] == 2 and cost["block_steps"] == 2 and 0 < cost["harness_host_us_per_step"] < 1e3
+    assert cost["config"]["warmup_steps"] == 2 and cost["block_steps"] == 2
+    assert math.isfinite(cost["harness_host_us_per_step"]) and abs(cost["harness_host_us_per_step"]) < 1e3
     # the harness blocks run the benchmark's own loop: its progress lines, two per block of two steps
-    assert proc.stdout.count("measuring step 2/2") == 2 and "own host time" in proc.stdout and "harness / bare throughput: pooled" in proc.stdout
+    assert proc.stdout.count("measuring step 2/2") == 2 and "own host time" in proc.stdout
+    assert "harness / bare throughput: pooled" in proc.stdout
+    assert list(tmp_path.iterdir()) == [output]  # no temporary file left
 
 
-def test_bad_input_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(TOOL), *SMALL, "--blocks", "0"], capture_output=True, text=True,
+def test_each_kind_of_block_lands_in_its_own_column(tmp_path, monkeypatch):
+    """The bare blocks take 10 ms and the harness blocks 20 here: the ratio must be 0.5, not 2."""
+    tool = load_script(TOOL)
+    real = tool.timed_block
+    monkeypatch.setattr(tool, "timed_block", lambda run, step, steps, through_harness: (
+        real(run, step, steps, through_harness), 20.0 if through_harness else 10.0)[1])
+    output = tmp_path / "cost.json"
+    assert tool.main([*SMALL, "--blocks", "2", "--block-steps", "2", "--output", str(output)]) == 0
+    cost = json.loads(output.read_text())
+    assert [(b["bare_ms"], b["harness_ms"]) for b in cost["block_times"]] == [(10.0, 20.0)] * 2
+    assert cost["ratio_pooled"] == cost["ratio_median"] == 0.5
+
+
+@pytest.mark.parametrize("args,rule", [
+    (["--blocks", "0"], "--blocks must be"),
+    (["--blocks", "abc"], "invalid int value"),
+    (["--output", "/proc/cost.json"], "cannot be written"),
+    (["--output", "."], "is not a file path"),
+])
+def test_bad_input_is_one_line_before_any_work(args, rule):
+    proc = subprocess.run([sys.executable, str(TOOL), *SMALL, *args], capture_output=True, text=True,
                           timeout=120, env=clean_env(), cwd=ROOT)
-    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "--blocks must be" in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("harness_cost.py: error: "), proc.stderr
+    assert rule in lines[0] and "measuring" not in proc.stdout

@@ -122,7 +122,9 @@ def test_output_rules(native, tmp_path):
     assert resolve_config(native, ["--output", str(tmp_path / "new" / "deeper" / "r.json")])
     # Only rank 0 writes, so only rank 0 looks: a later rank never trips over rank 0's file.
     assert resolve_config(native, ["--output", str(existing)], env=TORCHRUN)["output"] == str(existing)
-    assert list(tmp_path.iterdir()) != [] and not list((tmp_path / "new" / "deeper").iterdir())
+    # the writability probes leave nothing behind: only the test's own files and the folders made for a result
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["dangling.json", "exists.json", "new"]
+    assert not list((tmp_path / "new" / "deeper").iterdir())
 
 
 def bare_run(native, tmp_path, **config):

@@ -45,7 +45,7 @@ done
 [ -n "$GPUS" ] || GPUS=$( ((DRY)) && echo 2 || nvidia-smi -L 2>/dev/null | wc -l)
 [ "$GPUS" -ge 1 ] 2>/dev/null || usage "no GPU visible (nvidia-smi -L lists none)"
 if ((!DRY)); then
-  mkdir -p "$OUT/logs" || usage "$OUT cannot be made"
+  mkdir -p "$OUT/logs" 2>/dev/null || usage "$OUT cannot be made"
   rm -f "$OUT/failed.txt"
 fi
 TWO=("$PY" -m torch.distributed.run --standalone --nproc-per-node 2)
@@ -76,6 +76,10 @@ run() {  # run NAME GPUS EXPECTED_EXIT ENV... -- COMMAND... : one run, its outpu
   [ -n "${RECORDED:-}" ] || record "${shown[*]}${BACKGROUND:+ &}"
   ((DRY)) || [ -n "${RECORD_ONLY:-}" ] && return 0
   local log=$OUT/logs/${LOG:-$name}.log
+  if [ -e "$log" ]; then  # a name that two matrices share runs once into one folder; the first keeps its files
+    echo "${LOG:-$name}: ran already into $OUT, not run again" >>"$OUT/failed.txt"
+    return 0
+  fi
   env CUDA_VISIBLE_DEVICES="$gpus" "${env[@]}" "$@" --output "$OUT/$name.json" >"$log" 2>&1
   code=$?
   echo "exit $code" >>"$log"

@@ -10,9 +10,10 @@ benchmark itself). Warm-up: the script's --warmup-steps, then the blocks alterna
 in every other pair. The figure is the harness's throughput over the bare loop's, per pair and pooled over all
 blocks: 1.0 means the harness costs nothing measurable; below 1 is what its per-step work costs.
 """
-import argparse
+import contextlib
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import statistics
@@ -32,20 +33,22 @@ def load_native():
     return native
 
 
-def parse_arguments(native, argv):
-    tool = argparse.ArgumentParser(description=__doc__.split("\n")[0], add_help=False)
+def parse_arguments(native, argv, scratch):
+    """The tool's own options, then the script's (its --output pointed into scratch: the tool writes no result)."""
+    tool = native.OneLineArgumentParser(prog="harness_cost.py", description=__doc__.split("\n")[0], add_help=False)
     tool.add_argument("--blocks", type=int, default=20, help="blocks of each kind, interleaved")
     tool.add_argument("--block-steps", type=int, default=25, help="training steps per block")
     tool.add_argument("--output", help="write the blocks' times and the ratios to this JSON file")
     own, rest = tool.parse_known_args(argv)
     if own.blocks < 1 or own.block_steps < 2:
         raise native.UsageError("--blocks must be at least 1 and --block-steps at least 2")
-    if own.output and not os.access(os.path.dirname(os.path.abspath(own.output)) or ".", os.W_OK):
-        raise native.UsageError(f"--output {own.output}: its folder cannot be written")
+    if own.output is not None:  # the script's own rules for a result path, proved before any work
+        overwrite = ["--overwrite"] if "--overwrite" in rest else []
+        native.resolve_harness_config(native.parse_arguments(["--device", "cpu", "--output", own.output, *overwrite]),
+                                      native.detect_launch({}), "ddp", False, 0, False)
     if {"-h", "--help"} & set(rest):
         tool.print_help()
-    unused = os.path.join(tempfile.mkdtemp(prefix="harness-cost-"), "unused.json")  # nothing is written there
-    return own, native.parse_arguments([*rest, "--output", unused])
+    return own, native.parse_arguments([*rest, "--output", os.path.join(scratch, "unused.json")])
 
 
 def timed_block(run, step, steps, through_harness):
@@ -77,21 +80,39 @@ def timed_block(run, step, steps, through_harness):
     return (time.perf_counter() - began) * 1e3
 
 
-def host_cost_us(run, iterations=2000):
-    """The harness's own host time per step: its loop around a step that does nothing, less a bare loop's."""
+def host_cost_us(run, iterations=2000, repeats=5):
+    """The harness's own host time per step: its loop around a step that does nothing, less a bare loop's (the
+    fastest of a few interleaved repeats of each, so that a garbage collection in one does not decide)."""
     loss = torch.zeros((), device=run.device)
-    began = time.perf_counter()
-    for _ in range(iterations):
-        (lambda: loss)()
-    bare = time.perf_counter() - began
-    began = time.perf_counter()
-    timed_block(run, lambda: loss, iterations, through_harness=True)
-    return ((time.perf_counter() - began) - bare) / iterations * 1e6
+    nothing = lambda: loss  # noqa: E731 - the same step for both loops
+
+    def bare():
+        for _ in range(iterations):
+            nothing()
+
+    def harness():
+        timed_block(run, nothing, iterations, through_harness=True)
+
+    best = {bare: math.inf, harness: math.inf}
+    for _ in range(repeats):
+        for loop in best:
+            began = time.perf_counter()
+            loop()
+            best[loop] = min(best[loop], time.perf_counter() - began)
+    return (best[harness] - best[bare]) / iterations * 1e6
 
 
 def main(argv=None):
     native = load_native()
-    own, args = parse_arguments(native, sys.argv[1:] if argv is None else argv)
+    try:
+        with tempfile.TemporaryDirectory(prefix="harness-cost-") as scratch:
+            return measure(native, *parse_arguments(native, sys.argv[1:] if argv is None else argv, scratch))
+    except native.UsageError as error:
+        print(f"harness_cost.py: error: {error}", file=sys.stderr)
+        return 2
+
+
+def measure(native, own, args):
     cuda = args.device == "cuda" and torch.cuda.is_available()
     count = torch.cuda.device_count() if cuda else 0
     launch = native.detect_launch({})
@@ -112,25 +133,25 @@ def main(argv=None):
     host_us = host_cost_us(run)
     summary = {"tool": "harness_cost", "config": recorded, "blocks": own.blocks, "block_steps": own.block_steps,
                "block_times": blocks, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-               "ratio_max": max(ratios), "harness_host_us_per_step": host_us, "ratio_pooled": sum(b["bare_ms"] for b in blocks) /
-               sum(b["harness_ms"] for b in blocks), "software": run.result["software"],
-               "git": run.result["git"], "hardware": run.hardware}
+               "ratio_max": max(ratios), "harness_host_us_per_step": host_us,
+               "ratio_pooled": sum(b["bare_ms"] for b in blocks) / sum(b["harness_ms"] for b in blocks),
+               "software": run.result["software"], "git": run.result["git"], "hardware": run.hardware}
     print(f"harness / bare throughput: pooled {summary['ratio_pooled']:.4f}, median {summary['ratio_median']:.4f} "
           f"(min {summary['ratio_min']:.4f}, max {summary['ratio_max']:.4f}) over {own.blocks} pairs of "
           f"{own.block_steps} steps; the harness's own host time {host_us:.1f} us a step", flush=True)
     if own.output:
         temporary = f"{own.output}.{os.getpid()}.tmp"
-        with open(temporary, "w") as stream:
-            json.dump(summary, stream, indent=1)
-        os.replace(temporary, own.output)
+        try:
+            with open(temporary, "w") as stream:
+                json.dump(summary, stream, indent=1)
+            os.replace(temporary, own.output)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            print(f"harness_cost.py: error: --output {own.output}: {error.strerror}", file=sys.stderr)
+            return 1
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception as error:  # noqa: BLE001 - bad input is one line
-        if type(error).__name__ != "UsageError":
-            raise
-        print(f"harness_cost.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(main())
