@@ -9,7 +9,7 @@ the script, or one folder up) and add its options to their command line when the
   torch.compile's mode and Inductor's coordinate-descent tuning, PyTorch's DDP compression hooks, a fixed fp16 loss
   scale, the whole step captured in one CUDA graph (GraphedStep);
 - the computation options: the same ResNet-50 computed another way (space-to-depth stem, a dense max-pool
-  backward, batch-norm statistics from sums), which pay off in compiled steps.
+  backward, batch-norm statistics from sums), meant for compiled steps.
 """
 import argparse
 import math
@@ -42,7 +42,7 @@ def add_arguments(parser):
     speed.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune",
                                                   "max-autotune-no-cudagraphs"], help="torch.compile's mode (implies --compile)")
     speed.add_argument("--coordinate-descent-tuning", action="store_true",
-                       help="Inductor tunes the launch settings of each kernel it generates (minutes more compilation)")
+                       help="Inductor tunes the launch settings of each kernel it generates (longer compilation)")
     speed.add_argument("--comm-hook", choices=["none", "bf16_compress", "fp16_compress"], default="none",
                        help="PyTorch's DDP compression hooks: each bucket all-reduced in bf16 or fp16 (half the bytes)")
     speed.add_argument("--cuda-graphs", action="store_true",
@@ -84,8 +84,6 @@ def resolve_options(args, config, world_size, UsageError):
         if not (fp16 and 1 <= loss_scale <= 2**24 and math.frexp(loss_scale)[0] == 0.5):
             raise UsageError("--loss-scale must be dynamic or a power of two from 1 to 2**24, with --precision fp16")
         config.update(loss_scale=loss_scale, grad_scaler=False)
-    elif fp16:
-        config["loss_scale"] = "dynamic"
     graphs, mode = config.get("cuda_graphs", False), config["compile_mode"]
     for broken, rule in (
             (config.get("coordinate_descent_tuning") and not config["compile"],
@@ -127,7 +125,7 @@ def unscale_gradients(parameters, loss_scale):
 
 class GraphedStep:
     """Eager warm-up steps on a side stream, the capture of one whole step as the last warm-up step, then replays:
-    a replay launches the step's ~thousand kernels at once, which is what a small batch needs."""
+    a replay launches all of the step's kernels at once, which is what a small batch needs."""
 
     def __init__(self, step, eager_steps):
         self.step, self.eager_steps = step, eager_steps
@@ -158,9 +156,9 @@ class GraphedStep:
 
 class SpaceToDepthConv(torch.nn.Module):
     """ResNet's first convolution (7x7, stride 2, padding 3, no bias) computed as a 4x4 stride-1 convolution of
-    the image cut into 2x2 blocks stacked as channels (space to depth, as in MLPerf's ResNet-50 on TPUs): the
-    same weight parameter, the same output up to rounding. cuDNN gets 12 input channels (padded to `channels`)
-    and a dense 4x4 kernel instead of 3 channels it pads to 8 on every call and a 7x7 stride-2 kernel."""
+    the image cut into 2x2 blocks stacked as channels (space to depth): the same weight parameter, the same
+    output up to rounding. cuDNN gets 12 input channels (padded to `channels`) and a dense 4x4 kernel instead of 3
+    channels and a 7x7 stride-2 kernel."""
 
     def __init__(self, conv, channels=16):
         super().__init__()

@@ -1,13 +1,11 @@
 """Optimizer-state and gradient sharding benchmark: DDP, fairscale OSS/ShardedDDP, ZeRO-1, FSDP2, one workload.
 
 Every strategy trains the same randomly initialised torchvision ResNet on the same synthetic per-rank batches
-through the same harness as ddp_resnet50.py (warm-up excluded, CUDA-event step times, parameters compared across
-ranks, one JSON result per strategy). After its timed steps each strategy runs an instrumented pass (per-phase
-times, then the host's cost of each phase) and a profiled pass (collectives by kind, count and bytes), which go
-into the result under "analysis" beside the analytic communication volumes and optimizer-state memory.
+through ddp_resnet50.py's harness (warm-up excluded, CUDA-event step times, parameters compared across ranks, one
+JSON result per strategy), then runs an instrumented pass (per-phase times, then each phase's host cost) and a
+profiled pass (collectives by kind, count, bytes): the result's "analysis", with analytic volumes and state memory.
 
-Strategies (--strategy: one, a comma list run in that order, or all: every strategy the backend can run, one
-after another in the order ddp, zero1, fsdp_zero2, fsdp_zero3, oss_ddp, oss_sharded_ddp, zero1_overlap):
+Strategies (--strategy: one, a comma list run in that order, or all that the backend can run, ddp first):
     ddp              DistributedDataParallel + the plain optimizer (the baseline)
     oss_ddp          DDP + fairscale.optim.OSS (optimizer state sharded, ZeRO-1 as fairscale does it)
     oss_sharded_ddp  fairscale ShardedDataParallel + OSS (gradients reduced to their owner, ZeRO-2)
@@ -19,19 +17,19 @@ after another in the order ddp, zero1, fsdp_zero2, fsdp_zero3, oss_ddp, oss_shar
 Launch recipes:
 
     # one GPU: a smoke run of every strategy over a process group of one rank, so nothing is sharded
-    python oss_benchmark.py --output results/one-gpu.json
-    # every strategy on 2 GPUs of a node (--optimizer adam: a state twice SGD's)
-    torchrun --standalone --nproc-per-node 2 oss_benchmark.py --output results/rn50-sgd.json
+    python oss_benchmark.py --output one-gpu.json
+    # every strategy on 2 GPUs of a node (SGD; --optimizer adam keeps a state twice SGD's)
+    torchrun --standalone --nproc-per-node 2 oss_benchmark.py --output rn50-sgd.json
     # fairscale's own benchmark conditions (resnet101, 28 px, 256/rank, fp32, RMSprop), synthetic data
     torchrun --standalone --nproc-per-node 2 oss_benchmark.py --preset fairscale --steps 1170 \\
-        --steps-per-epoch 117 --output results/fairscale.json
+        --steps-per-epoch 117 --output fairscale.json
     # one strategy, Slurm, one task per GPU
     srun --ntasks-per-node 4 --gpus-per-node 4 python oss_benchmark.py --strategy fsdp_zero2 --output fsdp.json
     # CPU smoke run (gloo), as in the tests
     torchrun --standalone --nproc-per-node 2 oss_benchmark.py --device cpu --image-size 32 \\
         --batch-size-per-device 4 --warmup-steps 2 --steps 4 --output /tmp/oss.json
     # rebuild the comparison table from result files, no training
-    python oss_benchmark.py --table results/rn50-sgd-*.json
+    python oss_benchmark.py --table rn50-sgd-*.json
 
 With several strategies, --output x.json names the results x-<strategy>.json (printed before the run).
 Numbers: "Median throughput (img/s) (rank 0) +/- MAD" is the global batch over rank 0's median step time, with the
@@ -45,7 +43,7 @@ import argparse
 import contextlib
 import datetime
 import gc
-import importlib
+import importlib.metadata
 import inspect
 import json
 import math
@@ -69,19 +67,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 BENCHMARK, NUM_CLASSES = "oss_benchmark.py", 1000
 STRATEGIES = ("ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "zero1_overlap", "fsdp_zero2", "fsdp_zero3")
-# The order --strategy all runs them in: a failure ends the launch, so the least-travelled library code (fairscale
-# 0.4.13 on a new torch, the ZeRO comm hook) goes last.
+# --strategy all's order: a failure ends the launch, so the least-travelled code (fairscale, ZeRO's hook) goes last.
 RUN_ORDER = ("ddp", "zero1", "fsdp_zero2", "fsdp_zero3", "oss_ddp", "oss_sharded_ddp", "zero1_overlap")
 FAIRSCALE_STRATEGIES = ("oss_ddp", "oss_sharded_ddp")
 BACKEND_REFUSALS = {("gloo", "zero1_overlap"): "its ZeRO DDP comm hook refuses gloo, where it may hang "
                                                "(pytorch/pytorch#62300): run it on GPUs (NCCL)"}
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
               "rmsprop": torch.optim.RMSprop}
-# Without --lr: SGD's rate would make the Adam-like optimizers diverge within a few steps.
+# Without --lr: each optimizer's usual rate (SGD's is too large for the Adam-like ones).
 DEFAULT_LR = {"sgd": 0.1, "adam": 1e-3, "adamw": 1e-3, "rmsprop": 1e-4}
 PRESETS = {
-    # fairscale benchmarks/oss.py as released: MNIST (28 px, grey repeated to 3 channels), 256 per rank, fp32,
-    # RMSprop(lr=1e-4, momentum=0.9), torchvision resnet101, NCHW. Synthetic data replaces MNIST here.
+    # fairscale's benchmarks/oss.py: MNIST (28 px, grey x3; synthetic here), 256/rank, fp32, RMSprop, resnet101, NCHW
     "fairscale": {"model": "resnet101", "image_size": 28, "batch_size_per_device": 256, "precision": "fp32",
                   "optimizer": "rmsprop", "lr": 1e-4, "momentum": 0.9, "memory_format": "contiguous"}}
 COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
@@ -113,7 +109,7 @@ def strategy_list(text):
 
 def parse_arguments(argv=None):
     """The arguments, and the names of the options given explicitly (a preset fills in only the others)."""
-    parser = OneLineArgumentParser(prog=BENCHMARK, description=__doc__.split("\n")[0],
+    parser = OneLineArgumentParser(prog=BENCHMARK, description=__doc__.split("\n")[0], allow_abbrev=False,
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add = parser.add_argument
     add("--strategy", type=strategy_list, default="all",
@@ -125,10 +121,10 @@ def parse_arguments(argv=None):
         help="the torchvision ResNet trained")
     add("--preset", choices=sorted(PRESETS), help="fairscale: resnet101, 28 px, 256/device, fp32, RMSprop lr 1e-4 "
         "momentum 0.9, NCHW; options given explicitly override it (and are reported)")
-    add("--steps-per-epoch", type=int, help="also report fairscale's statistic: images per second of each epoch of "
-        "this many timed steps, median and MAD over the epochs")
+    add("--steps-per-epoch", type=int, help="also report fairscale's statistic in global images: images per second "
+        "of each epoch of this many timed steps, median and MAD over the epochs")
     add("--sharded-reduce-buffer", type=int, default=2**23,
-        help="ShardedDDP reduce_buffer_size in elements (fairscale's default; its docs advise 0 on a single node)")
+        help="ShardedDDP reduce_buffer_size in elements (fairscale's default; 0: no buffer)")
     add("--fsdp-units", choices=["block", "stage", "model"], default="model", help="what fsdp_zero2/3 shard as one "
         "unit (one all-gather and one reduce-scatter each): every bottleneck, every stage (layer1..4), the model")
     add("--fsdp-param-dtype", choices=["fp32", "compute"], default="fp32",
@@ -183,10 +179,12 @@ def resolve_strategies(args, explicit, fp16):
             (args.optimizer in ("adam", "adamw") and "momentum" in explicit,
              f"--momentum does not apply to --optimizer {args.optimizer} (its betas are PyTorch's defaults)"),
             (min(args.phase_steps, args.profile_steps, args.sharded_reduce_buffer) < 0 or args.steps_per_epoch
-             is not None and args.steps_per_epoch < 1, "--phase-steps, --profile-steps and --sharded-reduce-buffer "
-                                                       "must not be negative, --steps-per-epoch must be positive"),
-            (args.trace_dir and os.path.exists(args.trace_dir) and not os.path.isdir(args.trace_dir),
-             f"--trace-dir {args.trace_dir} is not a folder")):
+             is not None and not 1 <= args.steps_per_epoch <= args.steps, "--phase-steps, --profile-steps and "
+             "--sharded-reduce-buffer must not be negative, --steps-per-epoch must be from 1 to --steps"),
+            (args.trace_dir is not None and (not args.trace_dir or not args.profile_steps or os.path.isfile(
+                args.trace_dir)), "--trace-dir must name a folder, and --profile-steps must not be 0 (its traces)"),
+            (args.output is not None and (args.output.endswith(os.sep) or os.path.isdir(args.output)),
+             f"--output {args.output!r} is not a file path")):
         if broken:
             raise UsageError(rule)
     return strategies, [f"--strategy all skips {name} on {backend}: {BACKEND_REFUSALS[backend, name]}"
@@ -413,8 +411,7 @@ def instrumented_pass(run, setup, step):
 
 
 ELEMENT_BYTES = {"float": 4, "double": 8, "half": 2, "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "long": 8,
-                 "long int": 8, "int64_t": 8, "int": 4, "short": 2, "short int": 2, "char": 1, "signed char": 1,
-                 "byte": 1, "unsigned char": 1, "bool": 1}
+                 "long int": 8, "int64_t": 8, "int": 4}
 
 
 def collective_kind(op_name):
@@ -441,7 +438,7 @@ def collectives_from_trace(events, steps):
         if name == "record_param_comms" and "dtype" in args:
             for key in ("In msg nelems", "Out msg nelems"):
                 sizes.setdefault(args.get(key), ELEMENT_BYTES.get(str(args["dtype"]).lower()))
-        elif name.split(":")[0] in ("gloo", "nccl", "ucc", "mpi") and ":" in name:
+        elif name.split(":")[0] in ("gloo", "nccl") and ":" in name:
             for dims, kind in zip(args.get("Input Dims") or [], args.get("Input type") or []):
                 sizes.setdefault(element_count(dims), ELEMENT_BYTES.get(str(kind).lower()))
     skipped = [(e.get("tid"), e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("name") == AGREEMENT]
@@ -451,7 +448,7 @@ def collectives_from_trace(events, steps):
                                                 for tid, start, end in skipped):
             continue
         op = name[len("c10d::"):]
-        index = 1 if any(word in op for word in ("gather", "scatter", "alltoall")) else 0
+        index = 1 if any(word in op for word in ("gather", "scatter")) else 0
         dims, types = args.get("Input Dims") or [], args.get("Input type") or []
         elements = element_count(dims[index]) if index < len(dims) else 0
         size = (ELEMENT_BYTES.get(str(types[index]).lower()) if index < len(types) else None) or sizes.get(elements)
@@ -508,11 +505,10 @@ def analytic_volumes(strategy, parameter_bytes, buffer_bytes, world_size, gather
     the shards once (ZeRO-2) or twice (ZeRO-3: forward and backward)."""
     p, b, n = parameter_bytes, buffer_bytes, world_size
     g = p if gathered_bytes is None else gathered_bytes  # FSDP2 may all-gather in the compute dtype
-    zero1 = {"all-reduce": p, "broadcast": p + b}
+    zero1, fsdp = {"all-reduce": p, "broadcast": p + b}, {"reduce-scatter": p} if n > 1 else {}  # 1 rank: FSDP2 idle
     return {"ddp": {"all-reduce": p, "broadcast": b}, "oss_ddp": zero1, "zero1": zero1, "zero1_overlap": zero1,
-            "oss_sharded_ddp": {"reduce": p, "broadcast": p + b}, "fsdp_zero2": {"all-gather": g / n,
-                                                                                  "reduce-scatter": p},
-            "fsdp_zero3": {"all-gather": 2 * g / n, "reduce-scatter": p}}[strategy]
+            "oss_sharded_ddp": {"reduce": p, "broadcast": p + b}, "fsdp_zero2": fsdp and {**fsdp, "all-gather": g / n},
+            "fsdp_zero3": fsdp and {**fsdp, "all-gather": 2 * g / n}}[strategy]
 
 
 def wire_bytes(volumes, n):
@@ -552,8 +548,8 @@ def analyse(run, setup, step, numbers, parameter_format):
     everyone = [local_analysis(setup, config, phases, collectives, numbers)] * n
     if n > 1:
         dist.all_gather_object(everyone, everyone[0], group=run.monitor)
-    analytic = analytic_volumes(strategy, numbers["parameter_bytes"], numbers["buffer_bytes"], n, numbers[
-        "parameter_bytes"] / (2 if config["fsdp_param_dtype"] == "compute" else 1))  # FSDP's 16-bit gathers
+    size, buffers = numbers["parameter_bytes"], numbers["buffer_bytes"] * config["broadcast_buffers"]
+    analytic = analytic_volumes(strategy, size, buffers, n, size / (1 + (config["fsdp_param_dtype"] == "compute")))
     state_tensors, expected = config["optimizer_state_tensors_per_parameter"], [
         e["expected_optimizer_state_bytes"] for e in everyone]
     if collectives is not None:
@@ -646,7 +642,7 @@ def workload_heading(result):
 
 
 def number(value, digits=0):
-    return "-" if value is None else f"{value:,.{digits}f}"
+    return "-" if value is None else f"{round(value, digits) + 0.0:,.{digits}f}"  # + 0.0: never "-0"
 
 
 def analysis_row(result, baseline):
@@ -675,8 +671,9 @@ def print_strategy_table(results):
     groups = {}
     for result in sorted(results, key=lambda r: STRATEGIES.index(r["strategy"]) if r["strategy"] in STRATEGIES
                          else len(STRATEGIES)):
-        groups.setdefault(workload_heading(result), []).append(result)
-    for heading, members in groups.items():
+        launch = result["config"].get("output", "").replace(f"-{result['strategy']}.", ".")  # x-zero1.json: x.json
+        groups.setdefault((workload_heading(result), launch), []).append(result)
+    for (heading, _), members in groups.items():
         baseline = next((r for r in members if r["strategy"] == "ddp" and r["status"] == "ok"), None)
         epochs = any((r["throughput"] or {}).get("rank0_epochs") for r in members)
         print(f"\n{heading}\n\n| strategy | Median throughput (img/s) (rank 0) ± MAD | " + "per epoch: median ± MAD "
@@ -736,8 +733,11 @@ def main(argv=None):
     args, explicit = parse_arguments(argv)
     if args.table is not None:
         if explicit - {"table"}:
-            raise UsageError(f"--table only reads result files: drop --{sorted(explicit - {'table'})[0]}")
-        print_strategy_table(read_results(args.table))
+            raise UsageError(f"--table only reads result files: drop --{min(explicit - {'table'}).replace('_', '-')}")
+        try:
+            print_strategy_table(read_results(args.table))
+        except (KeyError, TypeError, AttributeError, ValueError) as error:
+            raise UsageError(f"--table: a result lacks a field ({type(error).__name__}: {error})") from None
         return 0
     overrides = apply_preset(args, explicit)
     cuda = args.device == "cuda" and torch.cuda.is_available()
@@ -868,8 +868,9 @@ def detect_launch(env):
                               f"{name}={text!r} is not an integer from 0 to {high}")
         return int(text)
 
-    launch = {"slurm_job_id": env.get("SLURM_JOB_ID"), "launcher": "single", "rank": 0, "world_size": 1,
-              "local_rank": 0, "local_world_size": 1, "num_nodes": 1, "master_addr": "127.0.0.1", "master_port": 0}
+    launch = {"slurm_job_id": re.fullmatch(r"\d{1,12}", env.get("SLURM_JOB_ID", "")) and env["SLURM_JOB_ID"], "rank": 0,
+              "launcher": "single", "world_size": 1, "local_rank": 0, "local_world_size": 1, "num_nodes": 1,
+              "master_addr": "127.0.0.1", "master_port": 0}
     if "RANK" in env:  # (WORLD_SIZE alone: Lightning's own workers carry it)
         rank, world = integer("RANK"), integer("WORLD_SIZE")
         local_rank, local_world = integer("LOCAL_RANK", rank), integer("LOCAL_WORLD_SIZE", world)
@@ -926,17 +927,6 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
     output = args.output if args.output is not None else os.path.join("runs", (
         f"{os.path.splitext(os.path.basename(BENCHMARK))[0]}-{strategy}-{world}{device}-{precision}-"
         f"{launch['slurm_job_id'] or os.getpid()}.json"))
-    folder = os.path.dirname(os.path.abspath(output))
-    if launch["rank"] == 0:  # refuse what cannot become the result; prove the folder writable with a file
-        if not output or output.endswith(os.sep) or os.path.isdir(output):
-            raise UsageError(f"--output {output!r} is not a file path")
-        if os.path.lexists(output) and not args.overwrite:
-            raise UsageError(f"--output {output} exists: pass --overwrite to replace it")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            os.unlink(tempfile.NamedTemporaryFile(prefix=".probe-", dir=folder, delete=False).name)
-        except OSError as error:
-            raise UsageError(f"--output folder {folder} cannot be written ({error.strerror})") from None
     mode = getattr(args, "compile_mode", None) or ("default" if args.compile else None)
     config = {**EXTRA_DEFAULTS, **vars(args), "benchmark": BENCHMARK, "strategy": strategy, "num_classes": NUM_CLASSES,
               "backend": "nccl" if device == "cuda" else "gloo", "batch_mode": "global" if args.global_batch_size else
@@ -951,6 +941,19 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
               "loss_scale": "dynamic" if precision == "fp16" else None}
     if hasattr(args, "bucket_cap_mb"):  # benchmark_extras.py's options are on the command line
         import_extras().resolve_options(args, config, world, UsageError)
+    folder = os.path.dirname(os.path.abspath(output))
+    if launch["rank"] == 0:  # refuse what cannot become the result; prove the folder writable with a file
+        if not output or output.endswith(os.sep) or os.path.isdir(output):
+            raise UsageError(f"--output {output!r} is not a file path")
+        if os.path.lexists(output) and not args.overwrite:
+            raise UsageError(f"--output {output} exists: pass --overwrite to replace it")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            os.unlink(tempfile.NamedTemporaryFile(prefix=".probe-", dir=folder, delete=False).name)
+            if len(os.path.basename(output).encode()) > os.pathconf(folder, "PC_NAME_MAX"):
+                raise UsageError(f"--output {output}: the file name is longer than its folder allows")
+        except OSError as error:
+            raise UsageError(f"--output folder {folder} cannot be written ({error.strerror})") from None
     return config
 
 
@@ -974,8 +977,8 @@ def collect_environment(device, rank):
     software = {"python": platform.python_version(), "torch": torch.__version__, "torch_git": torch.version.git_version,
                 "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "torchvision":
                 torchvision.__version__, "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
-                **{name: importlib.util.find_spec(name) and importlib.metadata.version(name) for name in (
-                    "lightning", "fairscale")}, "environment": {
+                **{name: next((found.version for found in importlib.metadata.distributions(name=name)), None)
+                   for name in ("lightning", "fairscale")}, "environment": {
                     key: value for key, value in sorted(os.environ.items()) if key.startswith(TUNING_PREFIXES)}}
     described = (output_of("git", "-C", here, "describe", "--always", "--dirty", "--exclude=*", "--abbrev=40")
                  or [None])[0]
@@ -1002,16 +1005,7 @@ class Run:
     def __init__(self, config, launch, device_count):
         self.config, self.launch, self.rank, self.world_size = config, launch, launch["rank"], launch["world_size"]
         self.signum, self.pending, self.meeting, self.store, self.monitor = 0, None, True, None, None
-        self.losses, self.marks, self.started, self.record = [], [], None, {"rank": self.rank, "steps_run": 0,
-                                                                             "signal": 0}
-        # SIGTERM/SIGINT (Slurm's time limit, scancel, Ctrl-C) stop every rank after the same step (agreed()); until the
-        # ranks have met, at once: a rendezvous waits in C++, where no Python handler runs (watch() reads the wake-up).
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self.handle)
-        read, write = os.pipe()
-        os.set_blocking(write, False)
-        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        threading.Thread(target=self.watch, args=(read,), daemon=True).start()
+        self.losses, self.marks, self.started, self.record = [], [], None, {"rank": self.rank, "signal": 0}
         self.device, cuda = torch.device("cpu"), config["device"] == "cuda"
         if cuda:
             self.device = torch.device("cuda", launch["local_rank"] % device_count)  # Slurm may bind a GPU per task
@@ -1034,6 +1028,14 @@ class Run:
                 "throughput", "stability", "step_time_ms", "step_times_ms_per_rank", "host_lead_ms",
                 "host_lead_ms_per_rank", "host_cpu_per_rank", "compile_cache_per_rank", "loss_per_step", "memory",
                 "checks", "efficiency", "failure", "hardware", "wall_time_s"])}
+        # SIGTERM/SIGINT (Slurm's time limit, scancel, Ctrl-C) stop every rank after the same step (agreed()); until the
+        # ranks have met, at once: a rendezvous waits in C++, where no Python handler runs (watch() reads the wake-up).
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.handle)
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        threading.Thread(target=self.watch, args=(read,), daemon=True).start()
 
     def ddp_options(self):
         """DistributedDataParallel's keywords (broadcast_buffers is forward_sync_buffers in newer torch)."""
@@ -1106,7 +1108,6 @@ class Run:
     def after_step(self, index, loss):
         """True when the ranks agreed to stop; the loss stays on the device (reading it would sync)."""
         self.losses.append(loss)
-        self.record["steps_run"] += 1
         warmup, timed = self.config["warmup_steps"], index >= self.config["warmup_steps"]
         shown, of = (index - warmup, self.config["steps"]) if timed else (index, warmup)
         if timed:
@@ -1116,7 +1117,8 @@ class Run:
         return bool(self.agreed())
 
     def agreed(self, last=False):
-        """A host-side all-reduce of the signal, read one step later: no device sync, no lock-step between hosts."""
+        """A host-side all-reduce of the signal, read one step later: no device sync; the hosts run at most one step
+        apart."""
         previous, self.pending = self.pending, None
         if self.world_size > 1 and not last:
             flag = torch.tensor([self.signum], dtype=torch.int32)
@@ -1137,7 +1139,7 @@ class Run:
             # how long after the host queued each step's end the GPU reached it: ~0 when the GPU waits for the host
             host_lead_ms=[events[0].elapsed_time(events[i]) - (marks[i] - marks[0]) * 1e3
                           for i in range(1, len(marks))] if cuda else None,
-            losses=[float(v) for v in torch.stack(self.losses).float().cpu()] if self.losses else [],
+            losses=torch.stack(self.losses).float().cpu().tolist() if self.losses else [], steps_run=len(self.losses),
             peak_allocated_mib=round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1) if cuda else None,
             peak_reserved_mib=round(torch.cuda.max_memory_reserved(self.device) / 2**20, 1) if cuda else None,
             # per tensor, the float64 sum and sum of squares: equal on every rank when the replicas agree
@@ -1157,8 +1159,7 @@ class Run:
         times, steps, wall = rank0["step_times_ms"], min(map(len, of["step_times_ms"])), max(of["timed_wall_s"])
         rate = batch * steps / wall if steps else None
         lead = summarize(sum(of["host_lead_ms"], [])) if rank0["host_lead_ms"] is not None else None
-        # Can one run be trusted? Its halves within 1 % of each other, and the host ahead of the GPU: a host-bound
-        # step's speed follows the host's, which varies from run to run.
+        # One run is enough when its halves agree within 1 % and the host runs ahead of the GPU (not host-bound).
         halves = sum(times[:len(times) // 2]) / sum(times[-(len(times) // 2):]) if len(times) > 1 else 1.0
         reasons = [text for bad, text in ((abs(halves - 1) > 0.01, "halves differ"), (lead and lead["median"] < 1,
                                                                                       "host-bound")) if bad]
@@ -1176,8 +1177,7 @@ class Run:
         flops, tflops = counter.get_total_flops() / 2, rate and rate / 1e12
         ratios = [sum(r["step_times_ms"]) / 1e3 / r["timed_wall_s"] for r in records if r["timed_wall_s"] > 0 and
                   r["step_times_ms"]]
-        # Replicas agree when every checksum is rank 0's within 1e-9 of its size; NaN equals NaN (a diverged run is
-        # no desync), NaN against a number is an infinite difference.
+        # Replicas agree: checksums within 1e-9 relative of rank 0's; NaN equals NaN, NaN against a number is inf apart.
         close = [(c, torch.isclose(c, rank0["checksums"], 1e-9, 1e-9, equal_nan=True)) for c in of["checksums"]]
         synced, largest = all(bool(ok.all()) for _, ok in close), max(float(torch.where(ok, 0.0, (
             c - rank0["checksums"]).abs().nan_to_num(nan=math.inf)).max()) for c, ok in close)
@@ -1190,9 +1190,9 @@ class Run:
                                 "host_ahead": lead and lead["median"] >= 1, "noisy": bool(reasons),
                                 "reason": ", ".join(reasons) or None},
             checks={"loss_finite": all(map(math.isfinite, sum(of["losses"], []))), "event_time_over_wall": ratios,
-                    "timing_consistent": all(0.95 <= q <= 1.02 for q in ratios), "steps_run_per_rank": of["steps_run"],
-                    "parameters_synchronized": synced, "parameter_max_abs_diff": largest,
-                    "final_parameter_checksum": rank0["checksums"].sum(0).tolist()},
+                    "timing_consistent": len(ratios) == world and all(0.95 <= q <= 1.02 for q in ratios),
+                    "steps_run_per_rank": of["steps_run"], "parameters_synchronized": synced,
+                    "parameter_max_abs_diff": largest, "final_parameter_checksum": rank0["checksums"].sum(0).tolist()},
             step_time_ms=summarize(sum(of["step_times_ms"], [])), step_times_ms_per_rank=of["step_times_ms"],
             loss_per_step=rank0["losses"], host_lead_ms=lead, host_lead_ms_per_rank=lead and of["host_lead_ms"],
             hardware={"ranks": [{k: v for k, v in h.items() if k != "host"} for h in of["hardware"]], "device_count":
@@ -1234,6 +1234,7 @@ class Run:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as stream:
                 stream.write(json.dumps(safe(self.result), indent=1, allow_nan=False) + "\n")
+                stream.flush(), os.fsync(stream.fileno())
             if config["overwrite"]:
                 os.replace(temporary, path)
             else:

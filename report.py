@@ -2,7 +2,7 @@
 
     python report.py results/                                   # Markdown report on stdout
     python report.py results/ runs/ --markdown report.md --plots plots/
-    python report.py runs/ci.json --check-against results/nvidia-h200-x8-2026-11-30 --tolerance 5%
+    python report.py runs/ci.json --check-against results/nvidia-h200-x2-2026-11-30b --tolerance 5%
     python report.py results --markdown docs/results.md         # regenerate the committed report
     python report.py results --check-markdown docs/results.md   # exit 1 when that file is stale
 

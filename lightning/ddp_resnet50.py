@@ -31,7 +31,7 @@ rank's). Step times are pooled over ranks. Exit codes: 0 ok, 1 error, 2 bad inpu
 import argparse
 import contextlib
 import datetime
-import importlib
+import importlib.metadata
 import inspect
 import json
 import logging
@@ -69,7 +69,7 @@ TRAINER_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"
 
 
 def parse_arguments(argv=None):
-    parser = OneLineArgumentParser(prog=BENCHMARK, description=__doc__.split("\n")[0],
+    parser = OneLineArgumentParser(prog=BENCHMARK, description=__doc__.split("\n")[0], allow_abbrev=False,
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--devices", type=int, default=1, help="processes (devices) per node")
     parser.add_argument("--num-nodes", type=int, default=1, help="nodes")
@@ -99,16 +99,30 @@ def plan_launch(args, env):
                  f"{launch['num_nodes']} nodes in the allocation but --num-nodes {args.num_nodes}")):
             if broken:
                 raise LaunchError(rule)
+        env.setdefault("MASTER_PORT", str(launch["master_port"]))  # Lightning then uses the port the result records
         return launch
-    try:
-        node_rank, local_rank, port = (int(env.get(name, "0")) for name in ("NODE_RANK", "LOCAL_RANK", "MASTER_PORT"))
-    except ValueError:
-        raise LaunchError(f"NODE_RANK={env.get('NODE_RANK')!r}, LOCAL_RANK={env.get('LOCAL_RANK')!r} and "
-                          f"MASTER_PORT={env.get('MASTER_PORT')!r} must be integers") from None
-    if not (0 <= node_rank < args.num_nodes and 0 <= local_rank < args.devices):
+    if launch["launcher"] == "env":
+        raise LaunchError("RANK and WORLD_SIZE without torchrun: start the twin with --devices and --num-nodes (it "
+                          "starts its own processes), under torchrun or under srun")
+    given = {name: env.get(name, "0") for name in ("NODE_RANK", "LOCAL_RANK", "MASTER_PORT")}
+    if not all(re.fullmatch(r"\d{1,5}", text) for text in given.values()) or int(given["MASTER_PORT"]) > 65535:
+        raise LaunchError(", ".join(f"{name}={text!r}" for name, text in given.items()) + " must be integers "
+                          "(MASTER_PORT up to 65535)")
+    (node_rank, local_rank, port), world = map(int, given.values()), args.devices * args.num_nodes
+    if not (node_rank < args.num_nodes and local_rank < args.devices):
         raise LaunchError(f"NODE_RANK={node_rank} LOCAL_RANK={local_rank} do not fit --num-nodes {args.num_nodes} "
                           f"--devices {args.devices}")
-    world = args.devices * args.num_nodes
+    if world > 1 and "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):  # (as
+        # Lightning's SLURMEnvironment.detect(), which takes the job for srun's tasks and waits for them)
+        raise LaunchError("inside a Slurm job, start the twin under srun with one task per device")
+    try:  # every process must reach the first one's address
+        socket.getaddrinfo(env.get("MASTER_ADDR") or "127.0.0.1", None)
+    except OSError:
+        raise LaunchError(f"the master host {env.get('MASTER_ADDR')!r} cannot be resolved") from None
+    if world > 1 and args.num_nodes == 1 and "MASTER_PORT" not in env:  # a free port, for Lightning and the result
+        with socket.create_server(("127.0.0.1", 0)) as probe:
+            port = probe.getsockname()[1]
+        env["MASTER_PORT"] = str(port)
     return {**launch, "launcher": "lightning" if world > 1 else "single", "rank": node_rank * args.devices +
             local_rank, "world_size": world, "local_rank": local_rank, "local_world_size": args.devices,
             "num_nodes": args.num_nodes, "master_addr": env.get("MASTER_ADDR") or "127.0.0.1", "master_port": port}
@@ -120,7 +134,7 @@ def build_model():
 
 def make_optimizer(parameters, config):
     return torch.optim.SGD(parameters, lr=config["lr"], momentum=config["momentum"],
-                           fused=config["optimizer_impl"] == "fused")
+                           fused=config["optimizer_impl"] == "fused", foreach=config["optimizer_impl"] == "foreach")
 
 
 def train_step(module, images, labels, config):
@@ -131,7 +145,7 @@ def train_step(module, images, labels, config):
     if module.sync_buffers:  # rank 0's buffers before the forward, as DDP's forward would (on_train_start says why)
         module.trainer.strategy.model._sync_buffers()
     dtype = AUTOCAST_DTYPES[config["precision"]]
-    # a CUDA graph's capture must not keep autocast's cache of cast weights (Lightning's autocast keeps it)
+    # a CUDA graph's capture must not keep autocast's cache of cast weights (Lightning's before 2.6 keeps it)
     with torch.autocast(config["device"], dtype=dtype, enabled=dtype is not None, cache_enabled=False):
         loss = F.cross_entropy(module.model(images), labels)
     optimizer.zero_grad(set_to_none=True)
@@ -295,8 +309,8 @@ def main(argv=None):
     device_count = torch.cuda.device_count() if cuda else 0
     config = resolve_harness_config(args, launch, STRATEGY, cuda, device_count, cuda and torch.cuda.is_bf16_supported())
     matched, several = config.pop("lightning_matched"), launch["world_size"] > 1
-    # Fused SGD on the GPU, except under fp16's dynamic GradScaler: torch 2.11's fused kernel advances the momentum
-    # on the overflow steps that the scaler skips.
+    # Fused SGD on the GPU, except under fp16's dynamic GradScaler: the fused kernel (seen with torch 2.11) advances
+    # the momentum on the overflow steps that the scaler skips.
     config.update(model="resnet50", optimizer="sgd",
                   optimizer_impl="fused" if cuda and not config["grad_scaler"] else "foreach",
                   trainer_precision=TRAINER_PRECISION[config["precision"]],
@@ -401,8 +415,9 @@ def detect_launch(env):
                               f"{name}={text!r} is not an integer from 0 to {high}")
         return int(text)
 
-    launch = {"slurm_job_id": env.get("SLURM_JOB_ID"), "launcher": "single", "rank": 0, "world_size": 1,
-              "local_rank": 0, "local_world_size": 1, "num_nodes": 1, "master_addr": "127.0.0.1", "master_port": 0}
+    launch = {"slurm_job_id": re.fullmatch(r"\d{1,12}", env.get("SLURM_JOB_ID", "")) and env["SLURM_JOB_ID"], "rank": 0,
+              "launcher": "single", "world_size": 1, "local_rank": 0, "local_world_size": 1, "num_nodes": 1,
+              "master_addr": "127.0.0.1", "master_port": 0}
     if "RANK" in env:  # (WORLD_SIZE alone: Lightning's own workers carry it)
         rank, world = integer("RANK"), integer("WORLD_SIZE")
         local_rank, local_world = integer("LOCAL_RANK", rank), integer("LOCAL_WORLD_SIZE", world)
@@ -459,17 +474,6 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
     output = args.output if args.output is not None else os.path.join("runs", (
         f"{os.path.splitext(os.path.basename(BENCHMARK))[0]}-{strategy}-{world}{device}-{precision}-"
         f"{launch['slurm_job_id'] or os.getpid()}.json"))
-    folder = os.path.dirname(os.path.abspath(output))
-    if launch["rank"] == 0:  # refuse what cannot become the result; prove the folder writable with a file
-        if not output or output.endswith(os.sep) or os.path.isdir(output):
-            raise UsageError(f"--output {output!r} is not a file path")
-        if os.path.lexists(output) and not args.overwrite:
-            raise UsageError(f"--output {output} exists: pass --overwrite to replace it")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            os.unlink(tempfile.NamedTemporaryFile(prefix=".probe-", dir=folder, delete=False).name)
-        except OSError as error:
-            raise UsageError(f"--output folder {folder} cannot be written ({error.strerror})") from None
     mode = getattr(args, "compile_mode", None) or ("default" if args.compile else None)
     config = {**EXTRA_DEFAULTS, **vars(args), "benchmark": BENCHMARK, "strategy": strategy, "num_classes": NUM_CLASSES,
               "backend": "nccl" if device == "cuda" else "gloo", "batch_mode": "global" if args.global_batch_size else
@@ -484,6 +488,19 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
               "loss_scale": "dynamic" if precision == "fp16" else None}
     if hasattr(args, "bucket_cap_mb"):  # benchmark_extras.py's options are on the command line
         import_extras().resolve_options(args, config, world, UsageError)
+    folder = os.path.dirname(os.path.abspath(output))
+    if launch["rank"] == 0:  # refuse what cannot become the result; prove the folder writable with a file
+        if not output or output.endswith(os.sep) or os.path.isdir(output):
+            raise UsageError(f"--output {output!r} is not a file path")
+        if os.path.lexists(output) and not args.overwrite:
+            raise UsageError(f"--output {output} exists: pass --overwrite to replace it")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            os.unlink(tempfile.NamedTemporaryFile(prefix=".probe-", dir=folder, delete=False).name)
+            if len(os.path.basename(output).encode()) > os.pathconf(folder, "PC_NAME_MAX"):
+                raise UsageError(f"--output {output}: the file name is longer than its folder allows")
+        except OSError as error:
+            raise UsageError(f"--output folder {folder} cannot be written ({error.strerror})") from None
     return config
 
 
@@ -507,8 +524,8 @@ def collect_environment(device, rank):
     software = {"python": platform.python_version(), "torch": torch.__version__, "torch_git": torch.version.git_version,
                 "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "torchvision":
                 torchvision.__version__, "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
-                **{name: importlib.util.find_spec(name) and importlib.metadata.version(name) for name in (
-                    "lightning", "fairscale")}, "environment": {
+                **{name: next((found.version for found in importlib.metadata.distributions(name=name)), None)
+                   for name in ("lightning", "fairscale")}, "environment": {
                     key: value for key, value in sorted(os.environ.items()) if key.startswith(TUNING_PREFIXES)}}
     described = (output_of("git", "-C", here, "describe", "--always", "--dirty", "--exclude=*", "--abbrev=40")
                  or [None])[0]
@@ -535,16 +552,7 @@ class Run:
     def __init__(self, config, launch, device_count):
         self.config, self.launch, self.rank, self.world_size = config, launch, launch["rank"], launch["world_size"]
         self.signum, self.pending, self.meeting, self.store, self.monitor = 0, None, True, None, None
-        self.losses, self.marks, self.started, self.record = [], [], None, {"rank": self.rank, "steps_run": 0,
-                                                                             "signal": 0}
-        # SIGTERM/SIGINT (Slurm's time limit, scancel, Ctrl-C) stop every rank after the same step (agreed()); until the
-        # ranks have met, at once: a rendezvous waits in C++, where no Python handler runs (watch() reads the wake-up).
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self.handle)
-        read, write = os.pipe()
-        os.set_blocking(write, False)
-        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        threading.Thread(target=self.watch, args=(read,), daemon=True).start()
+        self.losses, self.marks, self.started, self.record = [], [], None, {"rank": self.rank, "signal": 0}
         self.device, cuda = torch.device("cpu"), config["device"] == "cuda"
         if cuda:
             self.device = torch.device("cuda", launch["local_rank"] % device_count)  # Slurm may bind a GPU per task
@@ -567,6 +575,14 @@ class Run:
                 "throughput", "stability", "step_time_ms", "step_times_ms_per_rank", "host_lead_ms",
                 "host_lead_ms_per_rank", "host_cpu_per_rank", "compile_cache_per_rank", "loss_per_step", "memory",
                 "checks", "efficiency", "failure", "hardware", "wall_time_s"])}
+        # SIGTERM/SIGINT (Slurm's time limit, scancel, Ctrl-C) stop every rank after the same step (agreed()); until the
+        # ranks have met, at once: a rendezvous waits in C++, where no Python handler runs (watch() reads the wake-up).
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.handle)
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        threading.Thread(target=self.watch, args=(read,), daemon=True).start()
 
     def ddp_options(self):
         """DistributedDataParallel's keywords (broadcast_buffers is forward_sync_buffers in newer torch)."""
@@ -639,7 +655,6 @@ class Run:
     def after_step(self, index, loss):
         """True when the ranks agreed to stop; the loss stays on the device (reading it would sync)."""
         self.losses.append(loss)
-        self.record["steps_run"] += 1
         warmup, timed = self.config["warmup_steps"], index >= self.config["warmup_steps"]
         shown, of = (index - warmup, self.config["steps"]) if timed else (index, warmup)
         if timed:
@@ -649,7 +664,8 @@ class Run:
         return bool(self.agreed())
 
     def agreed(self, last=False):
-        """A host-side all-reduce of the signal, read one step later: no device sync, no lock-step between hosts."""
+        """A host-side all-reduce of the signal, read one step later: no device sync; the hosts run at most one step
+        apart."""
         previous, self.pending = self.pending, None
         if self.world_size > 1 and not last:
             flag = torch.tensor([self.signum], dtype=torch.int32)
@@ -670,7 +686,7 @@ class Run:
             # how long after the host queued each step's end the GPU reached it: ~0 when the GPU waits for the host
             host_lead_ms=[events[0].elapsed_time(events[i]) - (marks[i] - marks[0]) * 1e3
                           for i in range(1, len(marks))] if cuda else None,
-            losses=[float(v) for v in torch.stack(self.losses).float().cpu()] if self.losses else [],
+            losses=torch.stack(self.losses).float().cpu().tolist() if self.losses else [], steps_run=len(self.losses),
             peak_allocated_mib=round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1) if cuda else None,
             peak_reserved_mib=round(torch.cuda.max_memory_reserved(self.device) / 2**20, 1) if cuda else None,
             # per tensor, the float64 sum and sum of squares: equal on every rank when the replicas agree
@@ -690,8 +706,7 @@ class Run:
         times, steps, wall = rank0["step_times_ms"], min(map(len, of["step_times_ms"])), max(of["timed_wall_s"])
         rate = batch * steps / wall if steps else None
         lead = summarize(sum(of["host_lead_ms"], [])) if rank0["host_lead_ms"] is not None else None
-        # Can one run be trusted? Its halves within 1 % of each other, and the host ahead of the GPU: a host-bound
-        # step's speed follows the host's, which varies from run to run.
+        # One run is enough when its halves agree within 1 % and the host runs ahead of the GPU (not host-bound).
         halves = sum(times[:len(times) // 2]) / sum(times[-(len(times) // 2):]) if len(times) > 1 else 1.0
         reasons = [text for bad, text in ((abs(halves - 1) > 0.01, "halves differ"), (lead and lead["median"] < 1,
                                                                                       "host-bound")) if bad]
@@ -709,8 +724,7 @@ class Run:
         flops, tflops = counter.get_total_flops() / 2, rate and rate / 1e12
         ratios = [sum(r["step_times_ms"]) / 1e3 / r["timed_wall_s"] for r in records if r["timed_wall_s"] > 0 and
                   r["step_times_ms"]]
-        # Replicas agree when every checksum is rank 0's within 1e-9 of its size; NaN equals NaN (a diverged run is
-        # no desync), NaN against a number is an infinite difference.
+        # Replicas agree: checksums within 1e-9 relative of rank 0's; NaN equals NaN, NaN against a number is inf apart.
         close = [(c, torch.isclose(c, rank0["checksums"], 1e-9, 1e-9, equal_nan=True)) for c in of["checksums"]]
         synced, largest = all(bool(ok.all()) for _, ok in close), max(float(torch.where(ok, 0.0, (
             c - rank0["checksums"]).abs().nan_to_num(nan=math.inf)).max()) for c, ok in close)
@@ -723,9 +737,9 @@ class Run:
                                 "host_ahead": lead and lead["median"] >= 1, "noisy": bool(reasons),
                                 "reason": ", ".join(reasons) or None},
             checks={"loss_finite": all(map(math.isfinite, sum(of["losses"], []))), "event_time_over_wall": ratios,
-                    "timing_consistent": all(0.95 <= q <= 1.02 for q in ratios), "steps_run_per_rank": of["steps_run"],
-                    "parameters_synchronized": synced, "parameter_max_abs_diff": largest,
-                    "final_parameter_checksum": rank0["checksums"].sum(0).tolist()},
+                    "timing_consistent": len(ratios) == world and all(0.95 <= q <= 1.02 for q in ratios),
+                    "steps_run_per_rank": of["steps_run"], "parameters_synchronized": synced,
+                    "parameter_max_abs_diff": largest, "final_parameter_checksum": rank0["checksums"].sum(0).tolist()},
             step_time_ms=summarize(sum(of["step_times_ms"], [])), step_times_ms_per_rank=of["step_times_ms"],
             loss_per_step=rank0["losses"], host_lead_ms=lead, host_lead_ms_per_rank=lead and of["host_lead_ms"],
             hardware={"ranks": [{k: v for k, v in h.items() if k != "host"} for h in of["hardware"]], "device_count":
@@ -767,6 +781,7 @@ class Run:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as stream:
                 stream.write(json.dumps(safe(self.result), indent=1, allow_nan=False) + "\n")
+                stream.flush(), os.fsync(stream.fileno())
             if config["overwrite"]:
                 os.replace(temporary, path)
             else:

@@ -116,6 +116,9 @@ def test_output_rules(native, tmp_path):
     refused(tmp_path, "is not a file path")
     refused(existing / "below-a-file.json", "cannot be written")
     refused("/proc/r.json", "cannot be written")  # proved by making a file there, not by os.access
+    refused(tmp_path / f"{'a' * 300}.json", "longer than its folder allows")
+    refused(tmp_path / "made" / "r.json", "power of two", "--precision", "fp16", "--loss-scale", "3")
+    assert not (tmp_path / "made").exists()  # every other rule comes first: no folder made for a refused run
     with pytest.raises(native.UsageError, match="is not a file path"):  # not the default name: refused
         resolve_config(native, ["--device", "cpu", "--output", ""], cuda=False, count=0, bf16=False)
     assert resolve_config(native, ["--output", str(existing), "--overwrite"])["overwrite"] is True
@@ -124,7 +127,20 @@ def test_output_rules(native, tmp_path):
     assert resolve_config(native, ["--output", str(existing)], env=TORCHRUN)["output"] == str(existing)
     # the writability probes leave nothing behind: only the test's own files and the folders made for a result
     assert sorted(path.name for path in tmp_path.iterdir()) == ["dangling.json", "exists.json", "new"]
+    # a Slurm job id names the default output only when it is one
+    assert [native.detect_launch({"SLURM_JOB_ID": job})["slurm_job_id"] for job in ("4242", "../../x", "")] == [
+        "4242", None, None]
     assert not list((tmp_path / "new" / "deeper").iterdir())
+
+
+def test_versions_of_packages_that_are_not_installed_are_none(native, monkeypatch):
+    """The repository's lightning/ folder is not the lightning package: a missing package is recorded as None."""
+    def not_installed(name):
+        raise native.importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(native.importlib.metadata, "version", not_installed)
+    monkeypatch.setattr(native.importlib.metadata, "distributions", lambda **kwargs: iter(()))
+    software, _, _ = native.collect_environment(torch.device("cpu"), 1)
+    assert software["lightning"] is None and software["fairscale"] is None
 
 
 def bare_run(native, tmp_path, **config):
@@ -219,6 +235,12 @@ def test_stability_peak_memory_and_checks_from_the_records(native, tmp_path, cap
     assert run.result["stability"]["noisy"] is False and run.result["stability"]["host_ahead"] is None
     run, code = finished(native, tmp_path / "d", record(0, steady, losses=(2.0, math.nan)))
     assert code == 1 and "not finite from step 2" in run.result["failure"]["message"]
+    # The timed region's wall time 10 % longer than its steps: the step times do not account for it.
+    gappy = record(0, steady)
+    gappy["timed_wall_s"] *= 1.1
+    run, _ = finished(native, tmp_path / "e", gappy)
+    assert run.result["checks"]["event_time_over_wall"] == [pytest.approx(1 / 1.1)]
+    assert run.result["checks"]["timing_consistent"] is False
 
 
 def test_peak_memory_is_reset_after_the_first_step_not_at_the_timed_start(native, tmp_path, monkeypatch):

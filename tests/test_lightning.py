@@ -199,11 +199,17 @@ TORCHRUN = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE
     (["--devices", "3", "--global-batch-size", "8"], {}, "not divisible by the world size 3"),
     (["--cuda-graphs"], {}, "--cuda-graphs needs --device cuda"),
     (["--loss-scale", "1024"], {}, "--loss-scale must be dynamic or a power of two from 1 to 2**24, with --precision"),
+    (["--devices", "2"], {"RANK": "1", "WORLD_SIZE": "2"}, "RANK and WORLD_SIZE without torchrun"),
+    (["--devices", "2"], {"MASTER_PORT": "99999"}, "must be integers (MASTER_PORT up to 65535)"),
+    (["--devices", "2"], {"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "job"}, "start the twin under srun"),
+    (["--devices", "2"], {"MASTER_ADDR": "nosuchhost"}, "the master host 'nosuchhost' cannot be resolved"),
 ], ids=["srun-devices", "srun-nodes", "srun-ntasks", "torchrun-devices", "zero-devices", "local-rank-text",
-        "local-rank-range", "fp16-cpu", "global-batch", "cuda-graphs-cpu", "loss-scale-fp32"])
+        "local-rank-range", "fp16-cpu", "global-batch", "cuda-graphs-cpu", "loss-scale-fp32", "rank-by-hand",
+        "master-port-range", "slurm-without-srun", "unknown-master"])
 def test_bad_input(twin, argv, env, rule, tmp_path, monkeypatch, capsys):
-    for name in [*SRUN, *TORCHRUN, "NODE_RANK", "MASTER_PORT"]:
-        monkeypatch.delenv(name, raising=False)
+    for name in [*SRUN, *TORCHRUN, "NODE_RANK", "MASTER_PORT", "MASTER_ADDR", "SLURM_JOB_NAME"]:
+        monkeypatch.setenv(name, "")  # set, then removed: whatever the run sets is undone after the test
+        monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     base = list(SMALL)
@@ -215,6 +221,8 @@ def test_bad_input(twin, argv, env, rule, tmp_path, monkeypatch, capsys):
 
 def test_more_devices_than_gpus(twin, tmp_path, monkeypatch, capsys):
     pretend_gpus(monkeypatch, count=1)
+    monkeypatch.setenv("MASTER_PORT", "")  # the launch plan picks a port: undone after the test
+    monkeypatch.delenv("MASTER_PORT")
     expect_usage_error(twin, ["--devices", "2"], "2 ranks on this node but only 1 GPUs", tmp_path / "r.json",
                        monkeypatch, capsys)
 

@@ -3,6 +3,7 @@ process (unsharded) under the fairscale preset with its epoch statistic; the tab
 a signal during the analysis passes; real faults (an out-of-memory rank, a rank with another learning rate); bad
 input (one line, exit 2, nothing written)."""
 import json
+import re
 import signal
 import sys
 import time
@@ -260,7 +261,7 @@ def test_parameters_out_of_sync_are_reported_and_the_launch_goes_on(tmp_path):
     (["--device", "cuda", "--strategy", "zero1_overlap", "--warmup-steps", "2"], "needs --warmup-steps >= 3"),
     (["--table", "/nonexistent/result.json"], "cannot read /nonexistent/result.json"),
     (["--phase-steps", "-1"], "must not be negative"),
-    (["--device", "cpu", "--steps-per-epoch", "0"], "--steps-per-epoch must be positive"),
+    (["--device", "cpu", "--steps-per-epoch", "0"], "--steps-per-epoch must be from 1 to --steps"),
     (["--device", "cpu", "--fsdp-param-dtype", "compute"], "--fsdp-param-dtype compute needs --device cuda"),
     (["--device", "cpu", "--cudnn-benchmark"], "--cudnn-benchmark needs --device cuda"),
     (["--optimizer", "adam", "--momentum", "0.5"], "--momentum does not apply to --optimizer adam"),
@@ -296,8 +297,14 @@ def test_fairscale_is_only_needed_by_its_strategies(script, monkeypatch, tmp_pat
     trace_file = tmp_path / "file"
     trace_file.write_text("")
     args, explicit = script.parse_arguments(["--device", "cpu", "--strategy", "ddp", "--trace-dir", str(trace_file)])
-    with pytest.raises(script.UsageError, match="is not a folder"):
+    with pytest.raises(script.UsageError, match="--trace-dir must name a folder"):
         script.resolve_strategies(args, explicit, fp16=False)
+    for argv, rule in ((["--trace-dir", str(tmp_path), "--profile-steps", "0"], "--profile-steps must not be 0"),
+                       (["--steps", "4", "--steps-per-epoch", "5"], "--steps-per-epoch must be from 1 to --steps"),
+                       (["--output", f"{tmp_path}/"], "is not a file path")):
+        args, explicit = script.parse_arguments(["--device", "cpu", "--strategy", "ddp", *argv])
+        with pytest.raises(script.UsageError, match=re.escape(rule)):
+            script.resolve_strategies(args, explicit, fp16=False)
 
 
 def test_explicit_options_and_the_preset(script):
@@ -340,6 +347,9 @@ def test_collectives_are_read_from_a_trace_without_the_stop_agreement(script):
                        "zero1_overlap": 150.0, "fsdp_zero2": 100.0, "fsdp_zero3": 150.0}
     assert script.analytic_volumes("fsdp_zero3", 100, 0, 2, gathered_bytes=50) == {"all-gather": 50,
                                                                                     "reduce-scatter": 100}
+    assert script.analytic_volumes("fsdp_zero2", 100, 8, 1) == {}  # one rank: FSDP2 sends nothing, DDP still does
+    assert script.analytic_volumes("ddp", 100, 8, 1) == {"all-reduce": 100, "broadcast": 8}
+    assert script.number(-0.3) == "0" and script.number(-0.6) == "-1"
 
 
 def test_phase_marker_reads_the_host_clock_on_the_cpu(script, monkeypatch):

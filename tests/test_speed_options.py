@@ -36,7 +36,7 @@ def test_fp16_and_a_fixed_loss_scale_choose_the_sgd_kernel_and_the_scaler(native
     assert resolve_config(native, [*out], count=1)["loss_scale"] is None
 
 
-def test_ddp_options_reach_the_run_and_the_result(tmp_path):
+def test_ddp_options_are_recorded_and_two_ranks_train_in_sync_with_them(tmp_path):
     output = tmp_path / "ddp-options.json"
     proc = run_script(NATIVE, [*SMALL, "--steps", "2", "--bucket-cap-mb", "10", "--no-gradient-as-bucket-view",
                                "--no-broadcast-buffers", "--static-graph", "--output", str(output)], nproc=2)
@@ -46,6 +46,22 @@ def test_ddp_options_reach_the_run_and_the_result(tmp_path):
     assert (config["bucket_cap_mb"], config["gradient_as_bucket_view"], config["static_graph"],
             config["broadcast_buffers"]) == (10.0, False, True, False)
     assert result["checks"]["parameters_synchronized"] is True
+
+
+def test_ddp_is_built_with_the_options(native, tmp_path, monkeypatch):
+    """build_step hands the DDP options to DistributedDataParallel itself (recorded here in place of DDP)."""
+    config = resolve_config(native, ["--device", "cpu", "--image-size", "32", "--batch-size-per-device", "2",
+                                     "--bucket-cap-mb", "10", "--no-gradient-as-bucket-view", "--no-broadcast-buffers",
+                                     "--static-graph", "--output", str(tmp_path / "r.json")], cuda=False, count=0)
+    config.update(model="resnet50", optimizer="sgd", optimizer_impl="foreach")
+    run = object.__new__(native.Run)  # no constructor: no signal handlers, no process group
+    run.config, run.device, run.rank, run.world_size = config, native.torch.device("cpu"), 0, 2
+    built = {}
+    monkeypatch.setattr(native, "DistributedDataParallel", lambda model, **options: built.update(options) or model)
+    native.build_step(run)
+    buffers = "forward_sync_buffers" if "forward_sync_buffers" in built else "broadcast_buffers"
+    assert (built["bucket_cap_mb"], built["gradient_as_bucket_view"], built["static_graph"], built[buffers]) == (
+        10.0, False, True, False)
 
 
 def test_a_comm_hook_reaches_ddp_and_the_twins_train_alike_with_it(tmp_path, native_two_rank):

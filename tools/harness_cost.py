@@ -58,7 +58,7 @@ def timed_block(run, step, steps, through_harness):
         torch.cuda.synchronize(run.device)
     if through_harness:  # the benchmark's own loop over a fresh timed window of `steps` steps
         run.config.update(warmup_steps=0, steps=steps)
-        run.losses, run.marks, run.record = [], [], {"rank": 0, "steps_run": 0, "signal": 0}
+        run.losses, run.marks, run.record = [], [], {"rank": 0, "signal": 0}
         run.events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] if cuda else []
         for index in range(steps):
             run.before_step(index)
