@@ -15,6 +15,7 @@ STEM, BATCHNORM = EXPERIMENTS / "stem" / "stem_probe.py", EXPERIMENTS / "batchno
 PROFILE = EXPERIMENTS / "step-profile" / "probe.py"
 INTERLEAVED = EXPERIMENTS / "lightning-interleaved"
 POOL, HOOK_PROFILE = INTERLEAVED / "pool.py", INTERLEAVED / "hook_profile.py"
+INTERLEAVE = INTERLEAVED / "interleave.py"
 
 
 def test_the_stem_replacements_give_the_modules_results():
@@ -114,6 +115,27 @@ def test_pool_reproduces_the_pooled_figures_of_the_readme(capsys, pattern):
     assert match, line
     median, *bounds = match.groups()
     assert f"{median} ({bounds[0]}–{bounds[1]}; {bounds[2]}–{bounds[3]})" in (INTERLEAVED / "README.md").read_text()
+
+
+def test_interleave_alternates_native_and_lightning_blocks_on_two_processes(tmp_path):
+    """interleave.py on 2 gloo processes (Lightning starts the second): N0 L1 N1 L2 N2, each Lightning block against
+    the native blocks around it, in a file pool.py reads; --cuda-graphs and an unwritable file refused at once."""
+    output = tmp_path / "run.json"
+    proc = run_script(INTERLEAVE, ["--device", "cpu", "--image-size", "32", "--batch-size-per-device", "4",
+                                   "--warmup-steps", "2", "--block-steps", "2", "--blocks", "2", "--devices", "2",
+                                   "--output-json", str(output)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(output.read_text())
+    kinds = [block["kind"] for block in result["block_times"]]
+    assert kinds == ["native", "lightning", "native", "lightning", "native"] and result["world_size"] == 2
+    rates = [block["images_per_second"] for block in result["block_times"]]
+    assert result["summary"]["ratios"] == pytest.approx([rates[1] / ((rates[0] + rates[2]) / 2),
+                                                         rates[3] / ((rates[2] + rates[4]) / 2)])
+    assert load_script(POOL, "interleave_pool").main([str(output)]) == 0
+    for argv, rule in ((["--cuda-graphs"], "--cuda-graphs is not interleaved"),
+                       (["--output-json", "/proc/none/x.json"], "cannot be written")):
+        proc = run_script(INTERLEAVE, ["--device", "cpu", "--output-json", str(tmp_path / "x.json"), *argv])
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and rule in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("text", ["not json", "{}", '{"summary": {"ratios": [], "median_ratio": 1}}'])
