@@ -27,7 +27,7 @@ COMPUTATION_OPTIONS = {"space_to_depth_stem": ("stem_conv", "space_to_depth"),
 def add_arguments(parser):
     """This module's options on a script's parser (the speed options only for the scripts that own the step)."""
     ddp = parser.add_argument_group("DDP and cuDNN (benchmark_extras.py)")
-    ddp.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size in MB")
+    ddp.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size in MB (%(default)s)")
     ddp.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
                      help="gradients alias DDP's buckets: no copy back after the all-reduce")
     ddp.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
@@ -44,13 +44,15 @@ def add_arguments(parser):
     speed.add_argument("--coordinate-descent-tuning", action="store_true",
                        help="Inductor tunes the launch settings of each kernel it generates (longer compilation)")
     speed.add_argument("--comm-hook", choices=["none", "bf16_compress", "fp16_compress"], default="none",
-                       help="PyTorch's DDP compression hooks: each bucket all-reduced in bf16 or fp16 (half the bytes)")
+                       help="PyTorch's DDP compression hooks: each bucket all-reduced in bf16 or fp16 (half the bytes) "
+                            "(%(default)s)")
     speed.add_argument("--cuda-graphs", action="store_true",
                        help="capture the whole training step (forward, backward with DDP's all-reduce, optimizer step) "
                             "in one CUDA graph as the last warm-up step, then replay it")
     speed.add_argument("--loss-scale", default="dynamic",
                        help="fp16: dynamic (GradScaler, whose overflow flag the host reads every step) or a fixed power "
-                            "of two S: the loss times S, the gradients times 1/S, no overflow check, no host read")
+                            "of two S: the loss times S, the gradients times 1/S, no overflow check, no host read "
+                            "(%(default)s)")
     computation = parser.add_argument_group("computation options: the same model computed another way, for compiled "
                                             "steps (benchmark_extras.py)")
     computation.add_argument("--space-to-depth-stem", action="store_true",

@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -52,22 +53,11 @@ import torch.nn.functional as F
 import torchvision
 from torch.nn.parallel import DistributedDataParallel
 
-BENCHMARK, STRATEGY, NUM_CLASSES = "ddp_resnet50.py", "ddp", 1000
+SCRIPT, STRATEGY = "ddp_resnet50.py", "ddp"
 
 
 def parse_arguments(argv=None):
-    parser = OneLineArgumentParser(prog=BENCHMARK, description=__doc__.split("\n")[0], allow_abbrev=False,
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    return parse_arguments_with_extras(parser, argv)
-
-
-def build_model():
-    return torchvision.models.resnet50(weights=None, num_classes=NUM_CLASSES)
-
-
-def make_optimizer(parameters, config):
-    return torch.optim.SGD(parameters, lr=config["lr"], momentum=config["momentum"],
-                           fused=config["optimizer_impl"] == "fused", foreach=config["optimizer_impl"] == "foreach")
+    return parse_arguments_with_extras(OneLineArgumentParser(SCRIPT, __doc__.split("\n")[0]), argv)
 
 
 def train_step(model, optimizer, scaler, images, labels, config):
@@ -108,7 +98,7 @@ def build_step(run):
                                             **run.ddp_options())
         if config["comm_hook"] != "none":
             model.register_comm_hook(None, import_extras().comm_hook(config))
-    optimizer = make_optimizer(model.parameters(), config)
+    optimizer = make_sgd(model.parameters(), config)
     scaler = torch.amp.GradScaler(device.type) if config["grad_scaler"] else None
     if config["compile"]:
         model = torch.compile(model, mode=None if config["compile_mode"] == "default" else config["compile_mode"])
@@ -132,17 +122,15 @@ def main(argv=None):
     launch = detect_launch(os.environ)
     cuda = args.device == "cuda" and torch.cuda.is_available()
     device_count = torch.cuda.device_count() if cuda else 0
-    config = resolve_harness_config(args, launch, STRATEGY, cuda, device_count, cuda and torch.cuda.is_bf16_supported())
-    # Fused SGD on the GPU, except under fp16's dynamic GradScaler: the fused kernel (seen with torch 2.11) advances
-    # the momentum on the overflow steps that the scaler skips.
-    config.update(model="resnet50", optimizer="sgd",
-                  optimizer_impl="fused" if cuda and not config["grad_scaler"] else "foreach")
+    config = resolve_harness_config(args, launch, SCRIPT, STRATEGY, cuda, device_count,
+                                    cuda and torch.cuda.is_bf16_supported())
+    config.update(model="resnet50", optimizer="sgd", optimizer_impl=sgd_implementation(cuda, config["grad_scaler"]))
     run, step = Run(config, launch, device_count), None
     try:
-        run.meet()
+        run.join_ranks(output_refusal(config, launch["rank"]))
         step, model = build_step(run)
         measure(run, step)
-        return run.finish(run.close(model.parameters()), build_model)
+        return run.finish(run.collect_record(model.parameters()))
     except UsageError:
         raise
     except BaseException as error:  # noqa: BLE001 - every failure ends in a result, not a traceback
@@ -151,32 +139,33 @@ def main(argv=None):
         shut_down(step)
 
 
-def shut_down(step):
-    """Free a captured step's graph before the process group: a live graph holding NCCL kernels makes
-    destroy_process_group hang (pytorch/pytorch#115388)."""
-    if hasattr(step, "reset"):
-        step.reset()
-    if dist.is_initialized():
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
-
-
 # ============================================================================ harness
 # From here to "end of harness" the text is identical in ddp_resnet50.py, lightning/ddp_resnet50.py and
 # oss_benchmark.py (tests/test_harness_copies.py): change it in one file, then run `python tools/sync_harness.py`.
+# It reads nothing of its script's: the script's name, strategy and model come as arguments or in the config.
 
-SCHEMA_VERSION, DEFAULT_BATCH, EXIT_USAGE = 1, {"cuda": 256, "cpu": 8}, 2
+SCHEMA_VERSION = 2
+DEFAULT_BATCH = {"cuda": 256, "cpu": 8}
+EXIT_USAGE = 2
 EXIT_CODES = {"ok": 0, "error": 1, "desync": 3, "oom": 4}  # and 128 + N when signal N interrupted the run
+# Each stops every rank after the same step, the steps so far kept: Slurm's time limit and scancel (TERM), Ctrl-C,
+# Slurm's warning before a preemption or the time limit (sbatch --signal=USR1@120), a closed terminal (HUP).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+NUM_CLASSES = 1000  # ImageNet's
+REPLICA_TOLERANCE = 1e-9  # relative, between float64 sums of the parameters that DDP keeps identical on every rank
+LAUNCH_ID = uuid.uuid4().hex  # rank 0's: every result of one launch shares it (oss_benchmark.py writes several)
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Dense tensor-core TFLOP/s (16-bit, fp32) of the SXM parts, from the datasheets; PCIe and NVL parts clock lower.
 PEAK_TFLOPS = {"H200": (989.0, 494.0), "H100": (989.0, 494.0), "A100": (312.0, 156.0)}
 # Environment variables that change what a run measures: recorded with the software.
 TUNING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCHINDUCTOR_", "TORCH_CUDNN_", "TORCH_SYMM_MEM_", "PYTORCH_", "CUDA_",
                    "CUBLAS_", "CUDNN_", "NVSHMEM_", "OMP_", "MKL_")
-# What benchmark_extras.py's options (DDP and speed options) record when none is given.
+# What benchmark_extras.py's options record when none is given (tests/test_harness_units.py ties the two).
 EXTRA_DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
                   "static_graph": False, "coordinate_descent_tuning": False, "comm_hook": "none", "cuda_graphs": False,
                   "stem_conv": "torchvision", "max_pool_backward": "torchvision", "batch_norm": "torchvision"}
+RESULT_FIGURES = ("throughput", "stability", "step_time_ms", "step_times_ms_per_rank", "loss_per_step", "memory",
+                  "checks", "efficiency", "failure", "hardware", "host_lead_ms", "host_lead_ms_per_rank", "wall_time_s")
 
 
 class UsageError(Exception):
@@ -188,30 +177,42 @@ class LaunchError(UsageError):
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
+    """Errors as UsageError; no abbreviations: an option added later must not change what a command line means."""
+
+    def __init__(self, prog=None, description=None, **options):
+        super().__init__(prog=prog, description=description, allow_abbrev=False, **options)
+
     def error(self, message):
         raise UsageError(message)
 
+    def format_help(self):  # an option whose default is None (set by the script, or chosen at run time) shows none
+        return super().format_help().replace(" (None)", "")
 
-def parse_arguments_with_extras(parser, argv):
-    """Every script's options; benchmark_extras.py's join when the command line has one the script lacks, or -h."""
-    add, batch = parser.add_argument, parser.add_mutually_exclusive_group()
-    batch.add_argument("--batch-size-per-device", type=int, help="weak scaling: images per device (256 on GPU)")
+
+def parse_arguments_with_extras(parser, argv, **defaults):
+    """Every script's options (defaults: the script's own for some); benchmark_extras.py's join when the command line
+    has one the script lacks, or -h."""
+    add = parser.add_argument
+    batch = parser.add_mutually_exclusive_group()
+    batch.add_argument("--batch-size-per-device", type=int, help="weak scaling: images per device (256 on GPU, 8 on "
+                       "CPU)")
     batch.add_argument("--global-batch-size", type=int, help="strong scaling: images per step over all devices")
-    add("--warmup-steps", type=int, default=10, help="untimed steps first")
-    add("--steps", type=int, default=50, help="timed steps")
+    add("--warmup-steps", type=int, default=10, help="untimed steps first (%(default)s)")
+    add("--steps", type=int, default=50, help="timed steps (%(default)s)")
     add("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
         help="auto: bf16 where the GPU has it, else fp16; fp32 on the CPU (TF32 tensor cores on GPUs)")
     add("--memory-format", choices=["auto", "channels_last", "contiguous"], default="auto",
         help="auto: channels_last on GPU, contiguous on CPU")
-    add("--device", choices=["cuda", "cpu"], default="cuda", help="cuda (NCCL) or cpu (gloo)")
-    add("--image-size", type=int, default=224, help="square input size")
-    add("--lr", type=float, default=0.1, help="learning rate")
-    add("--momentum", type=float, default=0.9, help="SGD momentum")
-    add("--seed", type=int, default=0, help="weights; rank r's data uses seed + 1 + r")
-    add("--output", help="result JSON (default runs/<script>-<strategy>-<world><device>-<precision>-<job or pid>.json)")
+    add("--device", choices=["cuda", "cpu"], default="cuda", help="cuda (NCCL) or cpu (gloo) (%(default)s)")
+    add("--image-size", type=int, default=224, help="square input size (%(default)s)")
+    add("--lr", type=float, default=0.1, help="learning rate (%(default)s)")
+    add("--momentum", type=float, default=0.9, help="SGD momentum (%(default)s)")
+    add("--seed", type=int, default=0, help="weights; rank r's data uses seed + 1 + r (%(default)s)")
+    add("--output", help="result JSON (runs/<script>-<strategy>-<world><device>-<precision>-<job or pid>.json)")
     add("--overwrite", action="store_true", help="replace an existing --output")
-    add("--timeout", type=int, default=300, help="seconds a rank waits for the others")
+    add("--timeout", type=int, default=300, help="seconds a rank waits for the others (%(default)s)")
     add("--compile", action="store_true", help="torch.compile the model")
+    parser.set_defaults(**defaults)
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv) or parser.parse_known_args(argv)[1]:
         import_extras().add_arguments(parser)
@@ -226,53 +227,59 @@ def import_extras():
     raise UsageError("this option needs benchmark_extras.py from the repository beside the script")
 
 
+def launcher_integer(env, name, default=None, high=10**9):
+    text = env.get(name, None if default is None else str(default))
+    if text is None:
+        raise LaunchError(f"{name} is not set, but the other launcher variables are")
+    if not re.fullmatch(r"\s*\d{1,12}\s*", text) or int(text) > high:
+        raise LaunchError(f"{name}={text!r} is not an integer from 0 to {high}")
+    return int(text)
+
+
 def detect_launch(env):
     """Rank layout from torchrun's variables (RANK, WORLD_SIZE), else Slurm's (inside srun), else one process."""
-    def integer(name, default=None, high=10**9):
-        text = env.get(name, None if default is None else str(default))
-        if text is None or not re.fullmatch(r"\s*\d{1,9}\s*", text) or int(text) > high:
-            raise LaunchError(f"{name} is not set, but the other launcher variables are" if text is None else
-                              f"{name}={text!r} is not an integer from 0 to {high}")
-        return int(text)
-
-    launch = {"slurm_job_id": re.fullmatch(r"\d{1,12}", env.get("SLURM_JOB_ID", "")) and env["SLURM_JOB_ID"], "rank": 0,
-              "launcher": "single", "world_size": 1, "local_rank": 0, "local_world_size": 1, "num_nodes": 1,
-              "master_addr": "127.0.0.1", "master_port": 0}
+    job = env.get("SLURM_JOB_ID", "")  # federated clusters issue ids over 10^9
+    launch = {"slurm_job_id": job if re.fullmatch(r"\d{1,12}", job) else None, "rank": 0, "launcher": "single",
+              "world_size": 1, "local_rank": 0, "local_world_size": 1, "num_nodes": 1, "master_addr": "127.0.0.1",
+              "master_port": 0}
     if "RANK" in env:  # (WORLD_SIZE alone: Lightning's own workers carry it)
-        rank, world = integer("RANK"), integer("WORLD_SIZE")
-        local_rank, local_world = integer("LOCAL_RANK", rank), integer("LOCAL_WORLD_SIZE", world)
+        rank, world = launcher_integer(env, "RANK"), launcher_integer(env, "WORLD_SIZE")
+        local_rank = launcher_integer(env, "LOCAL_RANK", rank)
+        local_world = launcher_integer(env, "LOCAL_WORLD_SIZE", world)
         if not (rank < world and local_rank < local_world <= world) or world % local_world:
             raise LaunchError(f"inconsistent launcher variables: RANK={rank} WORLD_SIZE={world} "
                               f"LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}")
         launch.update(launcher="torchrun" if "TORCHELASTIC_RUN_ID" in env else "env", rank=rank, world_size=world,
-                      local_rank=local_rank, local_world_size=local_world, num_nodes=world // local_world, master_port=
-                      integer("MASTER_PORT", 29500, 65535), master_addr=env.get("MASTER_ADDR") or "127.0.0.1")
+                      local_rank=local_rank, local_world_size=local_world, num_nodes=world // local_world,
+                      master_port=launcher_integer(env, "MASTER_PORT", 29500, 65535),
+                      master_addr=env.get("MASTER_ADDR") or "127.0.0.1")
     elif "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:  # inside srun (the batch step is one process)
-        rank, world, local_rank = integer("SLURM_PROCID"), integer("SLURM_STEP_NUM_TASKS"), integer("SLURM_LOCALID")
-        node, nodes = integer("SLURM_NODEID"), integer("SLURM_STEP_NUM_NODES")
-        tasks = env.get("SLURM_STEP_TASKS_PER_NODE", str(world))  # '4(x2),3' is 4, 4, 3 (repeats capped at nodes)
-        per_node = [int(count) for count, repeat in re.findall(r"(\d+)(?:\(x(\d+)\))?", tasks)
-                    for _ in range(min(int(repeat or 1), nodes + 1))] if re.fullmatch(r"[\dx(),]+", tasks) else []
-        if len(per_node) != nodes or sum(per_node) != world or not (rank < world and node < nodes and
-                                                                        local_rank < per_node[node]):
-            raise LaunchError(f"Slurm variables disagree: SLURM_PROCID={rank} SLURM_LOCALID={local_rank} "
-                              f"SLURM_NODEID={node} for {world} tasks on nodes {per_node}")
-        hosts = re.match(r"([^,\[]*)(?:\[([^\]]+)\])?", env.get("SLURM_STEP_NODELIST") or
-                         env.get("SLURM_JOB_NODELIST") or "127.0.0.1")  # 'gpu[007-009,012],cpu1': gpu007
-        launch.update(launcher="slurm", rank=rank, world_size=world, local_rank=local_rank,
-                      local_world_size=per_node[node], num_nodes=nodes, master_addr=env.get("MASTER_ADDR") or
-                      hosts[1] + (re.split("[,-]", hosts[2])[0] if hosts[2] else ""),
-                      master_port=integer("MASTER_PORT", 15000 + integer("SLURM_JOB_ID", 0) % 20000, high=65535))
+        launch.update(slurm_layout(env, int(launch["slurm_job_id"] or 0)))
     return launch
 
 
-def resolve_harness_config(args, launch, strategy, cuda_available, device_count, bf16_supported):
-    """Every rule that needs no process group or GPU work (UsageError); only rank 0 looks at --output."""
+def slurm_layout(env, job_id):
+    rank, world = launcher_integer(env, "SLURM_PROCID"), launcher_integer(env, "SLURM_STEP_NUM_TASKS")
+    node, nodes = launcher_integer(env, "SLURM_NODEID"), launcher_integer(env, "SLURM_STEP_NUM_NODES")
+    local_rank = launcher_integer(env, "SLURM_LOCALID")
+    tasks = env.get("SLURM_STEP_TASKS_PER_NODE", str(world))  # '4(x2),3' is 4, 4, 3 (repeats capped at nodes)
+    per_node = [int(count) for count, repeat in re.findall(r"(\d+)(?:\(x(\d+)\))?", tasks)
+                for _ in range(min(int(repeat or 1), nodes + 1))] if re.fullmatch(r"[\dx(),]+", tasks) else []
+    if len(per_node) != nodes or sum(per_node) != world or not (rank < world and node < nodes and
+                                                                    local_rank < per_node[node]):
+        raise LaunchError(f"Slurm variables disagree: SLURM_PROCID={rank} SLURM_LOCALID={local_rank} "
+                          f"SLURM_NODEID={node} for {world} tasks on nodes {per_node}")
+    hosts = re.match(r"([^,\[]*)(?:\[([^\]]+)\])?", env.get("SLURM_STEP_NODELIST") or
+                     env.get("SLURM_JOB_NODELIST") or "127.0.0.1")  # 'gpu[007-009,012],cpu1': gpu007
+    first_host = hosts[1] + (re.split("[,-]", hosts[2])[0] if hosts[2] else "")
+    return {"launcher": "slurm", "rank": rank, "world_size": world, "local_rank": local_rank,
+            "local_world_size": per_node[node], "num_nodes": nodes, "master_addr": env.get("MASTER_ADDR") or first_host,
+            "master_port": launcher_integer(env, "MASTER_PORT", 15000 + job_id % 20000, high=65535)}
+
+
+def check_harness_rules(args, launch, per_device, precision, cuda_available, device_count, bf16_supported):
+    """Every rule that needs no process group or GPU work: the first broken one raises UsageError."""
     device, world = args.device, launch["world_size"]
-    precision = {"auto": "fp32" if device == "cpu" else "bf16" if bf16_supported else "fp16"}.get(
-        args.precision, args.precision)
-    per_device = DEFAULT_BATCH[device] if args.batch_size_per_device is None else args.batch_size_per_device
-    per_device = per_device if args.global_batch_size is None else args.global_batch_size // world
     for broken, rule in (
             (min(args.warmup_steps, args.steps, args.image_size, per_device) < 1,
              "--warmup-steps, --steps, --image-size and the batch sizes must be positive"),
@@ -288,40 +295,62 @@ def resolve_harness_config(args, launch, strategy, cuda_available, device_count,
             (device == "cuda" and precision == "bf16" and not bf16_supported, "this GPU has no bf16: use fp16, fp32"),
             ((args.global_batch_size or 0) % world, f"--global-batch-size is not divisible by the world size {world}"),
             (per_device * math.ceil(args.image_size / 32) ** 2 < 2, f"batch {per_device} per device at "
-             f"{args.image_size} px leaves BatchNorm one value per channel in the last stage: use more or larger")):
+             f"{args.image_size} px leaves BatchNorm one value per channel in the last stage: use more or larger"),
+            (args.output is not None and (args.output == "" or args.output.endswith(os.sep)),
+             f"--output {args.output!r} is not a file path")):
         if broken:
             raise UsageError(rule)
-    output = args.output if args.output is not None else os.path.join("runs", (
-        f"{os.path.splitext(os.path.basename(BENCHMARK))[0]}-{strategy}-{world}{device}-{precision}-"
-        f"{launch['slurm_job_id'] or os.getpid()}.json"))
+
+
+def resolve_harness_config(args, launch, script, strategy, cuda_available, device_count, bf16_supported):
+    """Every option resolved, bad input refused (UsageError); --output is rank 0's to check (output_refusal())."""
+    device, world = args.device, launch["world_size"]
+    auto = "fp32" if device == "cpu" else "bf16" if bf16_supported else "fp16"
+    precision = auto if args.precision == "auto" else args.precision
+    per_device = DEFAULT_BATCH[device] if args.batch_size_per_device is None else args.batch_size_per_device
+    per_device = per_device if args.global_batch_size is None else args.global_batch_size // world
+    check_harness_rules(args, launch, per_device, precision, cuda_available, device_count, bf16_supported)
+    name = f"{os.path.splitext(os.path.basename(script))[0]}-{strategy}-{world}{device}-{precision}"
+    output = args.output or os.path.join("runs", f"{name}-{launch['slurm_job_id'] or os.getpid()}.json")
     mode = getattr(args, "compile_mode", None) or ("default" if args.compile else None)
-    config = {**EXTRA_DEFAULTS, **vars(args), "benchmark": BENCHMARK, "strategy": strategy, "num_classes": NUM_CLASSES,
+    layout = {"auto": "channels_last" if device == "cuda" else "contiguous"}.get(args.memory_format, args.memory_format)
+    config = {**EXTRA_DEFAULTS, **vars(args), "benchmark": script, "strategy": strategy, "num_classes": NUM_CLASSES,
               "backend": "nccl" if device == "cuda" else "gloo", "batch_mode": "global" if args.global_batch_size else
               "per_device", "batch_size_per_device": per_device, "global_batch_size": per_device * world,
               "precision_requested": args.precision, "precision": precision, "grad_scaler": precision == "fp16",
-              "tf32": device == "cuda", "memory_format_requested": args.memory_format, "memory_format": {
-                  "auto": "channels_last" if device == "cuda" else "contiguous"}.get(args.memory_format,
-                                                                                     args.memory_format),
+              "tf32": device == "cuda", "memory_format_requested": args.memory_format, "memory_format": layout,
               "cudnn_benchmark": vars(args).get("cudnn_benchmark", device == "cuda"), "cudnn_benchmark_limit": None,
               "timeout_s": args.timeout, "output": os.path.abspath(output), "compile": mode is not None,
               "compile_mode": mode, "compiled_ddp": "ddp_optimizer" if mode and world > 1 else None,
               "loss_scale": "dynamic" if precision == "fp16" else None}
     if hasattr(args, "bucket_cap_mb"):  # benchmark_extras.py's options are on the command line
         import_extras().resolve_options(args, config, world, UsageError)
-    folder = os.path.dirname(os.path.abspath(output))
-    if launch["rank"] == 0:  # refuse what cannot become the result; prove the folder writable with a file
-        if not output or output.endswith(os.sep) or os.path.isdir(output):
-            raise UsageError(f"--output {output!r} is not a file path")
-        if os.path.lexists(output) and not args.overwrite:
-            raise UsageError(f"--output {output} exists: pass --overwrite to replace it")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            os.unlink(tempfile.NamedTemporaryFile(prefix=".probe-", dir=folder, delete=False).name)
-            if len(os.path.basename(output).encode()) > os.pathconf(folder, "PC_NAME_MAX"):
-                raise UsageError(f"--output {output}: the file name is longer than its folder allows")
-        except OSError as error:
-            raise UsageError(f"--output folder {folder} cannot be written ({error.strerror})") from None
     return config
+
+
+def output_refusal(config, rank):
+    """Why rank 0 cannot write --output without replacing another run's file, or None (other ranks: None). Makes
+    the folder and proves it writable, and able to hard-link unless --overwrite (write_json_atomically() links)."""
+    output, folder, overwrite = config["output"], os.path.dirname(config["output"]), config["overwrite"]
+    if rank != 0:
+        return None
+    if os.path.isdir(output):
+        return f"--output {output!r} is not a file path"
+    if os.path.lexists(output) and not overwrite:
+        return f"--output {output} exists: pass --overwrite to replace it"
+    if len(output.encode()) >= 4096 or max(len(name.encode()) for name in output.split(os.sep)) > 255:
+        return f"--output {output[:40]}...: the path or a name in it is longer than the system allows"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".probe-", dir=folder) as probe:
+            open(os.path.join(probe, "file"), "w").close()
+            if not overwrite:
+                os.link(os.path.join(probe, "file"), os.path.join(probe, "link"))
+    except OSError as error:
+        if error.filename2:  # the link
+            return f"--output folder {folder} cannot hold hard links ({error.strerror}): use another, or --overwrite"
+        return f"--output folder {folder} cannot be written ({error.strerror})"
+    return None
 
 
 def summarize(values):
@@ -334,21 +363,25 @@ def summarize(values):
             "min": min(values), "max": max(values), "mad": statistics.median([abs(v - median) for v in values])}
 
 
+def output_of(*command):
+    """A command's output lines, None when it is missing or fails."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+        return done.stdout.splitlines() if done.returncode == 0 else None
+    return None
+
+
 def collect_environment(device, rank):
     """(software, git, hardware) of this rank; rank 0's hardware adds the CPU model and nvidia-smi's GPU links."""
-    def output_of(*command):
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            done = subprocess.run(command, capture_output=True, text=True, timeout=20)
-            return done.stdout.splitlines() if done.returncode == 0 else None
-    nccl, here = torch.cuda.nccl.version() if torch.cuda.is_available() else None, os.path.dirname(__file__) or "."
+    nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
     software = {"python": platform.python_version(), "torch": torch.__version__, "torch_git": torch.version.git_version,
                 "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "torchvision":
                 torchvision.__version__, "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
                 **{name: next((found.version for found in importlib.metadata.distributions(name=name)), None)
                    for name in ("lightning", "fairscale")}, "environment": {
                     key: value for key, value in sorted(os.environ.items()) if key.startswith(TUNING_PREFIXES)}}
-    described = (output_of("git", "-C", here, "describe", "--always", "--dirty", "--exclude=*", "--abbrev=40")
-                 or [None])[0]
+    described = (output_of("git", "-C", os.path.dirname(__file__) or ".", "describe", "--always", "--dirty",
+                           "--exclude=*", "--abbrev=40") or [None])[0]
     git = {"commit": described and described[:40], "dirty": described and described.endswith("-dirty")}
     if os.environ.get("BENCH_GIT_COMMIT"):  # a copy of the tree (a cluster's) may carry a .git that is not the code
         git = {"commit": os.environ["BENCH_GIT_COMMIT"], "dirty": os.environ.get("BENCH_GIT_DIRTY") == "1"}
@@ -366,43 +399,202 @@ def collect_environment(device, rank):
     return software, git, hardware
 
 
-class Run:
-    """One rank's run, in order: signals and device, meeting the others, around each step, result, failure."""
+def build_model(name="resnet50"):
+    """A randomly initialised torchvision ResNet: the caller seeds it, so that every rank starts from the same."""
+    return torchvision.models.get_model(name, weights=None, num_classes=NUM_CLASSES)
 
-    def __init__(self, config, launch, device_count):
-        self.config, self.launch, self.rank, self.world_size = config, launch, launch["rank"], launch["world_size"]
-        self.signum, self.pending, self.meeting, self.store, self.monitor = 0, None, True, None, None
+
+def sgd_implementation(cuda, grad_scaler):
+    """Fused SGD on the GPU, except under fp16's dynamic GradScaler: the fused kernel (seen with torch 2.11)
+    advances the momentum on the overflow steps that the scaler skips."""
+    return "fused" if cuda and not grad_scaler else "foreach"
+
+
+def make_sgd(parameters, config):
+    impl = config["optimizer_impl"]
+    return torch.optim.SGD(parameters, lr=config["lr"], momentum=config["momentum"], fused=impl == "fused",
+                           foreach=impl == "foreach")
+
+
+def flops_per_image(config):
+    """Training FLOPs of one image (forward and backward), counted on the meta device by PyTorch's counter."""
+    from torch.utils.flop_counter import FlopCounterMode
+    try:
+        with torch.device("meta"):
+            model = build_model(config["model"])
+    except NotImplementedError:  # an initialisation that needs real numbers
+        model = build_model(config["model"]).to("meta")
+    with FlopCounterMode(display=False) as counter:
+        model(torch.empty(2, 3, config["image_size"], config["image_size"], device="meta")).float().sum().backward()
+    return counter.get_total_flops() / 2
+
+
+def throughput_and_stability(per_rank, batch):
+    """img/s over the slowest rank's wall time, rank 0's per-step rate, and whether one run is enough: its halves
+    agree within 1 % and the host runs ahead of the GPU (not host-bound). (None, None, None) without timed steps."""
+    times, steps = per_rank["step_times_ms"][0], min(map(len, per_rank["step_times_ms"]))
+    wall = max(per_rank["timed_wall_s"])
+    if not (steps and wall > 0):
+        return None, None, None
+    rate = batch * steps / wall
+    lead = summarize(sum(per_rank["host_lead_ms"], [])) if per_rank["host_lead_ms"][0] is not None else None
+    halves = sum(times[:len(times) // 2]) / sum(times[-(len(times) // 2):]) if len(times) > 1 else 1.0
+    reasons = [text for bad, text in ((abs(halves - 1) > 0.01, "halves differ"),
+                                      (lead and lead["median"] < 1, "host-bound")) if bad]
+    rank0 = summarize([batch * 1e3 / t for t in times if t])
+    throughput = {"images_per_second": rate, "images_per_second_per_device": rate / len(per_rank["rank"]),
+                  "timed_steps": steps, "timed_wall_s": wall, "rank0_median_images_per_second": rank0["median"],
+                  "rank0_mad_images_per_second": rank0["mad"]}
+    stability = {"second_half_over_first": halves, "host_lead_ms_median": lead and lead["median"], "host_ahead":
+                 lead and lead["median"] >= 1, "noisy": bool(reasons), "reason": ", ".join(reasons) or None}
+    return throughput, stability, lead
+
+
+def replica_checks(per_rank):
+    """The replicas agree when every rank's per-tensor sums lie within REPLICA_TOLERANCE of rank 0's (NaN equals
+    NaN, and lies infinitely far from a number); the loss is finite; the step times add up to the wall time."""
+    reference, largest = per_rank["checksums"][0], 0.0
+    close = [torch.isclose(sums, reference, REPLICA_TOLERANCE, REPLICA_TOLERANCE, equal_nan=True)
+             for sums in per_rank["checksums"]]
+    for sums, agree in zip(per_rank["checksums"], close):
+        largest = max(largest, float(torch.where(agree, 0.0, (sums - reference).abs().nan_to_num(nan=math.inf)).max()))
+    ratios = [sum(times) / 1e3 / wall for times, wall in zip(per_rank["step_times_ms"], per_rank["timed_wall_s"])
+              if wall > 0 and times]
+    return {"loss_finite": all(map(math.isfinite, sum(per_rank["losses"], []))), "event_time_over_wall": ratios,
+            "timing_consistent": len(ratios) == len(per_rank["rank"]) and all(0.95 <= q <= 1.02 for q in ratios),
+            "steps_run_per_rank": per_rank["steps_run"], "parameters_synchronized": all(bool(c.all()) for c in close),
+            "parameter_max_abs_diff": largest, "final_parameter_checksum": reference.sum(0).tolist()}
+
+
+def run_status(per_rank, checks, expected_steps, timed_steps, signum):
+    """(status, failure message): interrupted, else error (steps missing, loss not finite), else desync, else ok."""
+    first_bad = next((i + 1 for i, v in enumerate(per_rank["losses"][0]) if not math.isfinite(v)), "?")
+    for broken, status, message in (
+            (signum, "interrupted", f"stopped by {signum and signal.Signals(signum).name} after {timed_steps} "
+                                    f"timed steps"),
+            (per_rank["steps_run"] != [expected_steps] * len(per_rank["rank"]), "error",
+             f"ranks ran {per_rank['steps_run']} steps, expected {expected_steps}"),
+            (not checks["loss_finite"], "error", f"the loss is not finite from step {first_bad} on rank 0"),
+            (not checks["parameters_synchronized"], "desync",
+             f"parameters differ across ranks by up to {checks['parameter_max_abs_diff']:.3g}")):
+        if broken:
+            return status, message
+    return "ok", None
+
+
+def print_banner(config, launch):
+    print(f"== {config['benchmark']} | {config['strategy']} | {launch['world_size']} x {config['device']} on "
+          f"{launch['num_nodes']} node(s) | {launch['launcher']} | batch {config['batch_size_per_device']}/device | "
+          f"{config['image_size']} px | {config['precision']} | {config['memory_format']} | compile "
+          f"{config['compile_mode']} | {config['warmup_steps']} + {config['steps']} steps", flush=True)
+
+
+def print_summary(result):
+    config, throughput, mfu = result["config"], result["throughput"], result["efficiency"]["mfu"]
+    print(f"\n| strategy | devices | batch/device | img/s | img/s/device | median step ms | peak MiB | MFU |\n"
+          f"|---|---|---|---|---|---|---|---|\n| {config['strategy']} | {result['hardware']['device_count']} | "
+          f"{config['batch_size_per_device']} | {throughput['images_per_second']:,.0f} | "
+          f"{throughput['images_per_second_per_device']:,.0f} | {result['step_time_ms']['median']:.2f} | "
+          f"{result['memory']['peak_allocated_mib'] or '-'} | {f'{mfu:.1%}' if mfu else '-'} |", flush=True)
+    if result["stability"]["noisy"]:
+        print(f"noisy: repeat or interleave ({result['stability']['reason']})", flush=True)
+
+
+def write_json_atomically(result, path, overwrite):
+    """Whole or absent for readers: a temporary file, then a rename (--overwrite) or a hard link, which fails if
+    another run wrote the path meanwhile: then beside it, the result naming where. Returns (path, problem)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = os.path.join(os.path.dirname(path), f".tmp-{os.getpid()}-{time.monotonic_ns()}.json")
+    try:
+        for candidate in (path, f"{os.path.splitext(path)[0]}.{os.getpid()}.json"):
+            document = {**result, "config": {**result["config"], "output": candidate}}  # where it really is
+            document = json.loads(json.dumps(document), parse_constant=lambda nan_or_infinity: None)  # JSON has none
+            with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "w") as stream:
+                stream.write(json.dumps(document, indent=1, allow_nan=False) + "\n")
+                stream.flush()
+                os.fsync(stream.fileno())
+            if overwrite:
+                os.replace(temporary, candidate)
+                return candidate, None
+            with contextlib.suppress(FileExistsError):
+                os.link(temporary, candidate)
+                return candidate, None if candidate == path else f"another run wrote --output: this is {candidate}"
+        raise FileExistsError(f"{path} and the name beside it are taken")
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+
+
+def shut_down(step=None):
+    """Free a captured step's graph before the process group: a live graph holding NCCL kernels makes
+    destroy_process_group hang (pytorch/pytorch#115388)."""
+    if hasattr(step, "reset"):
+        step.reset()
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+class Run:
+    """One rank's run, in order: signals and device, joining the others, around each step, result, failure.
+    on_result(result), when given, adds the script's own figures to rank 0's result before it is written."""
+
+    def __init__(self, config, launch, device_count, on_result=None):
+        self.config, self.launch, self.on_result = config, launch, on_result
+        self.rank, self.world_size = launch["rank"], launch["world_size"]
+        self.signum, self.pending, self.store, self.monitor, self.met = 0, None, None, None, False
         self.losses, self.marks, self.started, self.record = [], [], None, {"rank": self.rank, "signal": 0}
-        self.device, cuda = torch.device("cpu"), config["device"] == "cuda"
-        if cuda:
-            self.device = torch.device("cuda", launch["local_rank"] % device_count)  # Slurm may bind a GPU per task
-            torch.cuda.set_device(self.device)
-            torch.backends.cudnn.benchmark = config["cudnn_benchmark"]
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        else:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch["local_world_size"]))
-            config["cpu_threads_per_rank"] = torch.get_num_threads()
-        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(config["steps"] + 1)] if cuda else []
+        self.device = self.claim_device(device_count)
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(config["steps"] + 1)] if \
+            self.device.type == "cuda" else []
         self.peer_wait_s = min(3.0, config["timeout_s"] / 10)  # a failing rank's wait for a peer's reason (fail())
         self.timeout = datetime.timedelta(seconds=config["timeout_s"] - self.peer_wait_s)  # within --timeout
         software, git, self.hardware = collect_environment(self.device, self.rank)
-        self.wall_start, self.result = time.perf_counter(), {
-            "schema_version": SCHEMA_VERSION, "benchmark": BENCHMARK, "strategy": config["strategy"],
-            "status": "error", "config": config, "software": software, "git": git, "world": {
-                "devices_per_node": launch["local_world_size"], "backend": config["backend"], **{key: launch[key] for
-                key in ("world_size", "num_nodes", "launcher", "slurm_job_id", "master_addr", "master_port")}},
-            "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), **dict.fromkeys([
-                "throughput", "stability", "step_time_ms", "step_times_ms_per_rank", "host_lead_ms",
-                "host_lead_ms_per_rank", "host_cpu_per_rank", "compile_cache_per_rank", "loss_per_step", "memory",
-                "checks", "efficiency", "failure", "hardware", "wall_time_s"])}
-        # SIGTERM/SIGINT (Slurm's time limit, scancel, Ctrl-C) stop every rank after the same step (agreed()); until the
-        # ranks have met, at once: a rendezvous waits in C++, where no Python handler runs (watch() reads the wake-up).
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        self.wall_start = time.perf_counter()
+        world = {key: launch[key] for key in ("world_size", "num_nodes", "launcher", "slurm_job_id", "master_addr",
+                                              "master_port")}
+        self.result = {"schema_version": SCHEMA_VERSION, "benchmark": config["benchmark"], "strategy":
+                       config["strategy"], "launch_id": LAUNCH_ID, "status": "error", "config": config, "software":
+                       software, "git": git, "world": {"devices_per_node": launch["local_world_size"], "backend":
+                       config["backend"], **world}, **dict.fromkeys(RESULT_FIGURES),
+                       "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        self.meeting = threading.Timer(config["timeout_s"], self.fail, [TimeoutError(
+            f"the ranks did not meet within --timeout {config['timeout_s']} s (master {launch['master_addr']})")])
+        self.meeting.daemon = True
+        self.meeting.start()
+        self.catch_stop_signals()
+
+    def claim_device(self, device_count):
+        if self.config["device"] != "cuda":
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.launch["local_world_size"]))
+            self.config["cpu_threads_per_rank"] = torch.get_num_threads()
+            return torch.device("cpu")
+        device = torch.device("cuda", self.launch["local_rank"] % device_count)  # Slurm may bind a GPU per task
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = self.config["cudnn_benchmark"]
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        return device
+
+    def catch_stop_signals(self):
+        """A stop signal ends every rank after the same step (agreed_stop_signal()); until the ranks have met, at
+        once: a rendezvous waits in C++, where no Python handler runs (watch() reads the wake-up instead)."""
+        for signum in STOP_SIGNALS:
             signal.signal(signum, self.handle)
         read, write = os.pipe()
         os.set_blocking(write, False)
         signal.set_wakeup_fd(write, warn_on_full_buffer=False)
         threading.Thread(target=self.watch, args=(read,), daemon=True).start()
+
+    def watch(self, read):
+        while data := os.read(read, 1):
+            if not self.met:
+                self.fail(None, data[0])
+
+    def handle(self, signum, frame):
+        if self.signum and signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
+            raise KeyboardInterrupt
+        self.signum = signum
 
     def ddp_options(self):
         """DistributedDataParallel's keywords (broadcast_buffers is forward_sync_buffers in newer torch)."""
@@ -416,44 +608,42 @@ class Run:
         size, batch, device = self.config["image_size"], self.config["batch_size_per_device"], self.device
         generator = torch.Generator(device=device).manual_seed(self.config["seed"] + 1 + self.rank)
         images = torch.randn(batch, 3, size, size, generator=generator, device=device)
+        labels = torch.randint(0, NUM_CLASSES, (batch,), generator=generator, device=device)
         layout = torch.channels_last if self.config["memory_format"] == "channels_last" else torch.contiguous_format
-        return images.contiguous(memory_format=layout), torch.randint(0, NUM_CLASSES, (batch,), generator=generator,
-                                                                      device=device)
+        return images.contiguous(memory_format=layout), labels
 
-    def watch(self, read):
-        while data := os.read(read, 1):
-            if self.meeting:
-                self.fail(None, data[0])
-
-    def handle(self, signum, frame):
-        if self.signum and signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def meet(self):
-        """The process group (unless a framework or an earlier Run made it) and a gloo group for host agreement."""
-        launch, config = self.launch, self.config
+    def join_ranks(self, refusal=None):
+        """The process group (unless a framework or an earlier Run made it), a gloo group for the host-side stop
+        agreement, then rank 0's refusal of --output (output_refusal()), which ends every rank with exit code 2."""
         if self.world_size > 1 and not dist.is_initialized():
-            try:
-                socket.getaddrinfo(launch["master_addr"], None)
-            except OSError:
-                raise LaunchError(f"the master host {launch['master_addr']!r} cannot be resolved") from None
-            # torchrun's workers join the agent's store (env://); srun and hand-set variables need an address
-            dist.init_process_group(config["backend"], rank=self.rank, world_size=self.world_size, timeout=self.timeout,
-                                    init_method="env://" if launch["launcher"] == "torchrun" else
-                                    f"tcp://{launch['master_addr']}:{launch['master_port']}",
-                                    device_id=self.device if self.device.type == "cuda" else None)
+            self.init_process_group()
         if self.world_size > 1:
             self.store = dist.distributed_c10d._get_default_store()
             self.monitor = dist.new_group(backend="gloo", timeout=self.timeout)
-        self.meeting = False
+            key = f"bench/refusal/{self.config['strategy']}"  # only rank 0 saw the path
+            if self.rank == 0:
+                self.store.set(key, refusal or "")
+            refusal = self.store.get(key).decode()
+        self.meeting.cancel()
+        self.met = True
+        if refusal:
+            raise UsageError(refusal)
         if self.signum:  # a signal while the ranks met
             self.fail(None, self.signum)
         if self.rank == 0:
-            print(f"== {BENCHMARK} | {config['strategy']} | {self.world_size} x {config['device']} on "
-                  f"{launch['num_nodes']} node(s) | {launch['launcher']} | batch {config['batch_size_per_device']}"
-                  f"/device | {config['image_size']} px | {config['precision']} | {config['memory_format']} | compile "
-                  f"{config['compile_mode']} | {config['warmup_steps']} + {config['steps']} steps", flush=True)
+            print_banner(self.config, self.launch)
+
+    def init_process_group(self):
+        launch = self.launch
+        try:
+            socket.getaddrinfo(launch["master_addr"], None)
+        except OSError:
+            raise LaunchError(f"the master host {launch['master_addr']!r} cannot be resolved") from None
+        # torchrun's workers join the agent's store (env://); srun and hand-set variables need an address
+        address = f"tcp://{launch['master_addr']}:{launch['master_port']}"
+        dist.init_process_group(self.config["backend"], rank=self.rank, world_size=self.world_size,
+                                timeout=self.timeout, init_method="env://" if launch["launcher"] == "torchrun" else
+                                address, device_id=self.device if self.device.type == "cuda" else None)
 
     def before_step(self, index):
         """Peak memory from the second step (the first autotunes and compiles); a synchronised timed start."""
@@ -464,7 +654,7 @@ class Run:
                 torch.cuda.synchronize(self.device)
             if self.world_size > 1:
                 dist.barrier(group=self.monitor)
-            self.started = (time.perf_counter(), time.time())
+            self.started = time.perf_counter()
             self.mark()
 
     def mark(self):
@@ -475,188 +665,143 @@ class Run:
     def after_step(self, index, loss):
         """True when the ranks agreed to stop; the loss stays on the device (reading it would sync)."""
         self.losses.append(loss)
-        warmup, timed = self.config["warmup_steps"], index >= self.config["warmup_steps"]
-        shown, of = (index - warmup, self.config["steps"]) if timed else (index, warmup)
+        warmup = self.config["warmup_steps"]
+        timed = index >= warmup
+        shown, total = (index - warmup, self.config["steps"]) if timed else (index, warmup)
         if timed:
             self.mark()
-        if self.rank == 0 and (not timed or shown == 0 or (shown + 1) % max(1, of // 5) == 0 or shown + 1 == of):
-            print(f"  {'measuring' if timed else 'warm-up'} step {shown + 1}/{of} (queued)", flush=True)
-        return bool(self.agreed())
+        if self.rank == 0 and (not timed or shown == 0 or (shown + 1) % max(1, total // 5) == 0 or shown + 1 == total):
+            print(f"  {'measuring' if timed else 'warm-up'} step {shown + 1}/{total} (queued)", flush=True)
+        return bool(self.agreed_stop_signal())
 
-    def agreed(self, last=False):
-        """A host-side all-reduce of the signal, read one step later: no device sync; the hosts run at most one step
-        apart."""
+    def agreed_stop_signal(self, last=False):
+        """The stop signal every rank has agreed on, 0 for none: a host-side all-reduce of the signal, read one step
+        later (no device sync; the hosts run at most one step apart). last: settle the one in flight, start none."""
         previous, self.pending = self.pending, None
-        if self.world_size > 1 and not last:
+        if self.world_size == 1:
+            self.record["signal"] = self.signum
+        elif not last:
             flag = torch.tensor([self.signum], dtype=torch.int32)
             self.pending = dist.all_reduce(flag, dist.ReduceOp.MAX, self.monitor, async_op=True), flag
-        self.record["signal"] = self.signum if self.world_size == 1 else self.record["signal"] or (
-            previous is not None and previous[0].wait() and int(previous[1].item()))
+        if self.world_size > 1 and not self.record["signal"] and previous is not None:
+            previous[0].wait()
+            self.record["signal"] = int(previous[1].item())
         return self.record["signal"]
 
-    def close(self, parameters):
-        cuda, start, marks, events = self.device.type == "cuda", self.started, self.marks, self.events
+    def collect_record(self, parameters):
+        """This rank's timings, losses, peak memory and per-tensor parameter checksums, after its last step."""
+        cuda, marks, events = self.device.type == "cuda", self.marks, self.events
         if cuda:
             torch.cuda.synchronize(self.device)
-        wall = time.perf_counter() - start[0] if start else 0.0
-        self.agreed(last=True)
+        self.agreed_stop_signal(last=True)
+        times = [a.elapsed_time(b) for a, b in zip(events, events[1:len(marks)])] if cuda else \
+            [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
+        peaks = [round(measure(self.device) / 2**20, 1) if cuda else None
+                 for measure in (torch.cuda.max_memory_allocated, torch.cuda.max_memory_reserved)]
         self.record.update(
-            hardware=self.hardware, timed_wall_s=wall, step_times_ms=[a.elapsed_time(b) for a, b in zip(
-                events, events[1:len(marks)])] if cuda else [(b - a) * 1e3 for a, b in zip(marks, marks[1:])],
+            hardware=self.hardware, timed_wall_s=time.perf_counter() - self.started if self.started else 0.0,
+            step_times_ms=times, steps_run=len(self.losses), peak_allocated_mib=peaks[0], peak_reserved_mib=peaks[1],
             # how long after the host queued each step's end the GPU reached it: ~0 when the GPU waits for the host
             host_lead_ms=[events[0].elapsed_time(events[i]) - (marks[i] - marks[0]) * 1e3
                           for i in range(1, len(marks))] if cuda else None,
-            losses=torch.stack(self.losses).float().cpu().tolist() if self.losses else [], steps_run=len(self.losses),
-            peak_allocated_mib=round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1) if cuda else None,
-            peak_reserved_mib=round(torch.cuda.max_memory_reserved(self.device) / 2**20, 1) if cuda else None,
+            losses=torch.stack(self.losses).float().cpu().tolist() if self.losses else [],
             # per tensor, the float64 sum and sum of squares: equal on every rank when the replicas agree
             checksums=torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().pow(2).sum()])
                                    for p in parameters]).cpu())
         return self.record
 
-    def finish(self, record, build_model):
+    def finish(self, record):
         """Every rank's record gathered; rank 0 completes, judges and writes the result. Returns the exit code."""
-        records, config, signum, result = [record] * self.world_size, self.config, record["signal"], self.result
+        records, signum = [record] * self.world_size, record["signal"]
         if self.world_size > 1:
             dist.all_gather_object(records, record, group=self.monitor)
         if self.rank != 0:
             return 128 + signum if signum else 0
-        rank0, world, batch = records[0], len(records), config["global_batch_size"]
-        of = {key: [r[key] for r in records] for key in rank0}
-        times, steps, wall = rank0["step_times_ms"], min(map(len, of["step_times_ms"])), max(of["timed_wall_s"])
-        rate = batch * steps / wall if steps else None
-        lead = summarize(sum(of["host_lead_ms"], [])) if rank0["host_lead_ms"] is not None else None
-        # One run is enough when its halves agree within 1 % and the host runs ahead of the GPU (not host-bound).
-        halves = sum(times[:len(times) // 2]) / sum(times[-(len(times) // 2):]) if len(times) > 1 else 1.0
-        reasons = [text for bad, text in ((abs(halves - 1) > 0.01, "halves differ"), (lead and lead["median"] < 1,
-                                                                                      "host-bound")) if bad]
-        gpu = rank0["hardware"].get("gpu_name") or ""
+        per_rank = {key: [r[key] for r in records] for key in records[0]}
+        self.result.update(self.figures(per_rank))
+        checks = replica_checks(per_rank)
+        timed = self.result["throughput"]["timed_steps"] if self.result["throughput"] else 0
+        expected = self.config["warmup_steps"] + self.config["steps"]
+        status, message = run_status(per_rank, checks, expected, timed, signum)
+        self.result.update(checks=checks, status=status, failure=message and {
+            "kind": status, "rank": None, "message": message, **({"signal": signal.Signals(signum).name} if signum
+                                                                 else {})})
+        if self.result["throughput"]:
+            print_summary(self.result)
+        if self.on_result:
+            self.on_result(self.result)
+        return self.write_result(128 + signum if signum else EXIT_CODES[status])
+
+    def figures(self, per_rank):
+        """Throughput, stability, step times, memory, efficiency and hardware from the gathered records."""
+        config, world, hosts = self.config, len(per_rank["rank"]), per_rank["hardware"]
+        allocated, reserved = per_rank["peak_allocated_mib"], per_rank["peak_reserved_mib"]
+        throughput, stability, lead = throughput_and_stability(per_rank, config["global_batch_size"])
+        flops, gpu = flops_per_image(config), hosts[0].get("gpu_name") or ""
         peak = next((PEAK_TFLOPS[key][config["precision"] == "fp32"] for key in PEAK_TFLOPS if key in gpu and
                      "PCIe" not in gpu and "NVL" not in gpu), None)
-        from torch.utils.flop_counter import FlopCounterMode  # training FLOPs of one image, counted on the meta device
-        try:
-            with torch.device("meta"):
-                model = build_model()
-        except NotImplementedError:  # an initialisation that needs real numbers
-            model = build_model().to("meta")
-        with FlopCounterMode(display=False) as counter:
-            model(torch.empty(2, 3, config["image_size"], config["image_size"], device="meta")).float().sum().backward()
-        flops, tflops = counter.get_total_flops() / 2, rate and rate / 1e12
-        ratios = [sum(r["step_times_ms"]) / 1e3 / r["timed_wall_s"] for r in records if r["timed_wall_s"] > 0 and
-                  r["step_times_ms"]]
-        # Replicas agree: checksums within 1e-9 relative of rank 0's; NaN equals NaN, NaN against a number is inf apart.
-        close = [(c, torch.isclose(c, rank0["checksums"], 1e-9, 1e-9, equal_nan=True)) for c in of["checksums"]]
-        synced, largest = all(bool(ok.all()) for _, ok in close), max(float(torch.where(ok, 0.0, (
-            c - rank0["checksums"]).abs().nan_to_num(nan=math.inf)).max()) for c, ok in close)
-        result.update(
-            throughput=rate and {"images_per_second": rate, "images_per_second_per_device": rate / world,
-                                 "timed_steps": steps, "timed_wall_s": wall, **{
-                                     f"rank0_{key}_images_per_second": value for key, value in summarize(
-                                         [batch * 1e3 / t for t in times if t]).items() if key in ("median", "mad")}},
-            stability=rate and {"second_half_over_first": halves, "host_lead_ms_median": lead and lead["median"],
-                                "host_ahead": lead and lead["median"] >= 1, "noisy": bool(reasons),
-                                "reason": ", ".join(reasons) or None},
-            checks={"loss_finite": all(map(math.isfinite, sum(of["losses"], []))), "event_time_over_wall": ratios,
-                    "timing_consistent": len(ratios) == world and all(0.95 <= q <= 1.02 for q in ratios),
-                    "steps_run_per_rank": of["steps_run"], "parameters_synchronized": synced,
-                    "parameter_max_abs_diff": largest, "final_parameter_checksum": rank0["checksums"].sum(0).tolist()},
-            step_time_ms=summarize(sum(of["step_times_ms"], [])), step_times_ms_per_rank=of["step_times_ms"],
-            loss_per_step=rank0["losses"], host_lead_ms=lead, host_lead_ms_per_rank=lead and of["host_lead_ms"],
-            hardware={"ranks": [{k: v for k, v in h.items() if k != "host"} for h in of["hardware"]], "device_count":
-                      world, "hostnames": sorted({h["hostname"] for h in of["hardware"]}), **rank0["hardware"]["host"]},
-            memory={"peak_allocated_mib": rank0["peak_allocated_mib"] and max(of["peak_allocated_mib"]),
-                    "peak_reserved_mib": rank0["peak_reserved_mib"] and max(of["peak_reserved_mib"]),
-                    "window": "every step after the first (warm-up, a CUDA graph's capture, timed steps)",
-                    "per_rank": [{key: r[key] for key in ("rank", "peak_allocated_mib", "peak_reserved_mib")}
-                                 for r in records]},
-            efficiency={"model_flops_per_image": flops, "achieved_tflops": tflops and flops * tflops,
-                        "peak_tflops_per_device": peak, "mfu": tflops and peak and flops * tflops / (peak * world)})
-        expected, name = config["warmup_steps"] + config["steps"], signum and signal.Signals(signum).name
-        kind, message = next(((kind, message) for bad, kind, message in (
-            (signum, "interrupted", f"stopped by {name} after {steps} timed steps"),
-            (of["steps_run"] != [expected] * world, "error", f"ranks ran {of['steps_run']} steps, expected {expected}"),
-            (not result["checks"]["loss_finite"], "error", "the loss is not finite from step "
-             f"{next((i + 1 for i, v in enumerate(rank0['losses']) if not math.isfinite(v)), '?')} on rank 0"),
-            (not synced, "desync", f"parameters differ across ranks by up to {largest:.3g}")) if bad), ("ok", None))
-        result.update(status=kind, wall_time_s=time.perf_counter() - self.wall_start, failure=message and {
-            "kind": kind, "rank": None, "message": message, **({"signal": name} if signum else {})})
-        stats, mfu, memory = result["step_time_ms"], result["efficiency"]["mfu"], result["memory"]["peak_allocated_mib"]
-        if rate:
-            print(f"\n| strategy | devices | batch/device | img/s | img/s/device | median step ms | peak MiB | MFU |\n"
-                  f"|---|---|---|---|---|---|---|---|\n| {config['strategy']} | {world} | {batch // world} | "
-                  f"{rate:,.0f} | {rate / world:,.0f} | {stats['median']:.2f} | {memory or '-'} | {mfu or 0:.1%} |"
-                  + (f"\nnoisy: repeat or interleave ({result['stability']['reason']})" if reasons else ""), flush=True)
-        return self.write(128 + signum if signum else EXIT_CODES[kind])
+        achieved = throughput and flops * throughput["images_per_second"] / 1e12
+        return {"throughput": throughput, "stability": stability, "step_times_ms_per_rank": per_rank["step_times_ms"],
+                "step_time_ms": summarize(sum(per_rank["step_times_ms"], [])), "loss_per_step": per_rank["losses"][0],
+                "host_lead_ms": lead, "host_lead_ms_per_rank": lead and per_rank["host_lead_ms"], "memory": {
+                    "peak_allocated_mib": allocated[0] and max(allocated), "peak_reserved_mib": reserved[0] and max(
+                        reserved), "window": "every step after the first (warm-up, a CUDA graph's capture, timed "
+                    "steps)", "per_rank": [{"rank": rank, "peak_allocated_mib": a, "peak_reserved_mib": r}
+                                           for rank, a, r in zip(per_rank["rank"], allocated, reserved)]},
+                "efficiency": {"model_flops_per_image": flops, "achieved_tflops": achieved, "peak_tflops_per_device":
+                               peak, "mfu": achieved and peak and achieved / (peak * world)},
+                "hardware": {"ranks": [{k: v for k, v in h.items() if k != "host"} for h in hosts], "device_count":
+                             world, "hostnames": sorted({h["hostname"] for h in hosts}), **hosts[0]["host"]}}
 
-    def write(self, code):
-        """Rank 0's result file, whole or absent for readers (a temporary file, then a rename; without --overwrite a
-        hard link, which fails if another run wrote it meanwhile: then beside it), and its closing lines."""
-        def safe(value):
-            if isinstance(value, (dict, list, tuple)):
-                return {k: safe(v) for k, v in value.items()} if isinstance(value, dict) else [safe(v) for v in value]
-            return None if isinstance(value, float) and not math.isfinite(value) else value
-        config, failure, path, problem = self.config, self.result["failure"], self.config["output"], None
-        temporary = os.path.join(os.path.dirname(path), f".tmp-{os.getpid()}-{time.monotonic_ns()}.json")
+    def write_result(self, code):
+        """Rank 0's result file and its closing lines; returns the exit code (1 when no file could be written)."""
+        config, failure = self.config, self.result["failure"]
+        self.result["wall_time_s"] = time.perf_counter() - self.wall_start
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as stream:
-                stream.write(json.dumps(safe(self.result), indent=1, allow_nan=False) + "\n")
-                stream.flush(), os.fsync(stream.fileno())
-            if config["overwrite"]:
-                os.replace(temporary, path)
-            else:
-                try:
-                    os.link(temporary, path)
-                except FileExistsError:
-                    path = f"{os.path.splitext(path)[0]}.{os.getpid()}.json"
-                    os.link(temporary, path)
-                    problem = f"another run wrote --output meanwhile: this result is {path}"
+            path, problem = write_json_atomically(self.result, config["output"], config["overwrite"])
         except Exception as error:  # noqa: BLE001 - said in one line; the run then ends with an error code
             path = problem = f"no result written ({type(error).__name__}: {error})"
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
         print(f"result: {self.result['status']} -> {path}", flush=True)
-        rank = f" on rank {failure['rank']}" if failure and failure["rank"] is not None else ""
-        if failure or problem:
-            print(f"{BENCHMARK}: " + "; ".join(text for text in (
-                failure and f"{failure['kind']}{rank}: {failure['message']}", problem) if text), file=sys.stderr,
-                  flush=True)
+        where = f" on rank {failure['rank']}" if failure and failure["rank"] is not None else ""
+        said = [text for text in (failure and f"{failure['kind']}{where}: {failure['message']}", problem) if text]
+        if said:
+            print(f"{config['benchmark']}: " + "; ".join(said), file=sys.stderr, flush=True)
         return code or (EXIT_CODES["error"] if problem else 0)
 
     def fail(self, error, signum=0):
         """Write what is known and exit at once (error None: a signal before the ranks met)."""
         signum = signum or (signal.SIGINT if isinstance(error, KeyboardInterrupt) else 0)
-        kind = "interrupted" if signum else "oom" if isinstance(error, (torch.OutOfMemoryError, MemoryError)) or \
-            re.search("out of memory|can't allocate memory", str(error), re.I) else "error"
-        text, codes = str(error).strip().splitlines(), {**EXIT_CODES, "interrupted": 128 + signum}
-        own = {"kind": kind, "rank": self.rank, "message": f"{type(error).__name__}: {text[0] if text else ''}"
-               if error else f"stopped by {signal.Signals(signum).name} before the ranks met",
-               **({"signal": signal.Signals(signum).name} if signum else {}),
-               **({"batch_size_per_device": self.config["batch_size_per_device"]} if kind == "oom" else {})}
+        oom = isinstance(error, (torch.OutOfMemoryError, MemoryError)) or bool(
+            re.search("out of memory|can't allocate memory", str(error), re.I))
+        kind = "interrupted" if signum else "oom" if oom else "error"
+        text = str(error).strip().splitlines()
+        failure = {"kind": kind, "rank": self.rank, "message": f"{type(error).__name__}: {text[0] if text else ''}"
+                   if error else f"stopped by {signal.Signals(signum).name} before the ranks met",
+                   **({"signal": signal.Signals(signum).name} if signum else {}),
+                   **({"batch_size_per_device": self.config["batch_size_per_device"]} if oom else {})}
         with contextlib.suppress(Exception):
-            self.store.set(f"bench/failure/{self.rank}", json.dumps(own))
+            self.store.set(f"bench/failure/{self.rank}", json.dumps(failure))
         if self.rank != 0:
-            print(f"[rank {self.rank}] {kind}: {own['message']}", file=sys.stderr, flush=True)
-            os._exit(codes[kind])
-        failure = own
+            print(f"[rank {self.rank}] {kind}: {failure['message']}", file=sys.stderr, flush=True)
+            os._exit(128 + signum if signum else EXIT_CODES[kind])
         if kind == "error" and self.store is not None:  # a peer's recorded reason explains a broken collective better
             time.sleep(self.peer_wait_s)
             with contextlib.suppress(Exception):
                 failure = next((json.loads(self.store.get(key)) for key in (f"bench/failure/{r}" for r in range(
-                    1, self.world_size)) if self.store.check([key])), own)
-        self.result.update(status=failure["kind"], failure=failure, wall_time_s=time.perf_counter() - self.wall_start)
-        os._exit(self.write(codes[failure["kind"]]))
+                    1, self.world_size)) if self.store.check([key])), failure)
+        self.result.update(status=failure["kind"], failure=failure)
+        os._exit(self.write_result(128 + signal.Signals[failure["signal"]] if "signal" in failure else
+                                   EXIT_CODES[failure["kind"]]))
 
 
-def run_guarded(main):
+def run_guarded(main, script):
     """Bad input: one line and exit 2 (from rank 0, or from every rank for launcher variables)."""
     try:
         sys.exit(main())
     except UsageError as error:
         rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
         if rank == "0" or isinstance(error, LaunchError):
-            print(f"{'' if rank == '0' else f'[rank {rank}] '}{BENCHMARK}: error: {error}", file=sys.stderr, flush=True)
+            print(f"{'' if rank == '0' else f'[rank {rank}] '}{script}: error: {error}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
 
 
@@ -664,4 +809,4 @@ def run_guarded(main):
 
 
 if __name__ == "__main__":
-    run_guarded(main)
+    run_guarded(main, SCRIPT)

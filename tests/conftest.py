@@ -75,9 +75,9 @@ def pretend_gpus(monkeypatch, count, bf16=True):
 def expect_usage_error(script, argv, rule, output, monkeypatch, capsys):
     """Run a loaded script's main as the command line would, in this process: exit code 2, one line naming
     the rule, no file. Returns that line."""
-    monkeypatch.setattr(sys, "argv", [script.BENCHMARK, *argv, "--output", str(output)])
+    monkeypatch.setattr(sys, "argv", [script.SCRIPT, *argv, "--output", str(output)])
     with pytest.raises(SystemExit) as exit_info:
-        script.run_guarded(script.main)
+        script.run_guarded(script.main, script.SCRIPT)
     assert exit_info.value.code == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and rule in lines[0], lines
@@ -86,10 +86,16 @@ def expect_usage_error(script, argv, rule, output, monkeypatch, capsys):
 
 
 def resolve_config(script, argv, env=None, cuda=True, count=8, bf16=True):
-    """A loaded script's config for a command line, as main() resolves it before any GPU work."""
+    """A loaded script's config for a command line, as main() resolves it before any GPU work, and rank 0's
+    verdict on --output (a refusal raises UsageError, as the run would end)."""
     args = script.parse_arguments(list(argv))
+    launch = script.detect_launch(env or {})
     with mock.patch.dict(os.environ):  # --cuda-graphs sets an NCCL variable for the run: not for the tests
-        return script.resolve_harness_config(args, script.detect_launch(env or {}), "ddp", cuda, count, bf16)
+        config = script.resolve_harness_config(args, launch, script.SCRIPT, "ddp", cuda, count, bf16)
+    refusal = script.output_refusal(config, launch["rank"])
+    if refusal:
+        raise script.UsageError(refusal)
+    return config
 
 
 def one_error_line(stderr):

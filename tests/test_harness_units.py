@@ -116,7 +116,7 @@ def test_output_rules(native, tmp_path):
     refused(tmp_path, "is not a file path")
     refused(existing / "below-a-file.json", "cannot be written")
     refused("/proc/r.json", "cannot be written")  # proved by making a file there, not by os.access
-    refused(tmp_path / f"{'a' * 300}.json", "longer than its folder allows")
+    refused(tmp_path / f"{'a' * 300}.json", "longer than the system allows")
     refused(tmp_path / "made" / "r.json", "power of two", "--precision", "fp16", "--loss-scale", "3")
     assert not (tmp_path / "made").exists()  # every other rule comes first: no folder made for a refused run
     with pytest.raises(native.UsageError, match="is not a file path"):  # not the default name: refused
@@ -146,8 +146,10 @@ def test_versions_of_packages_that_are_not_installed_are_none(native, monkeypatc
 def bare_run(native, tmp_path, **config):
     """A Run without its constructor (no signal handlers, no device): enough for the parts under test."""
     run = object.__new__(native.Run)
-    run.config = {"output": str(tmp_path / "result.json"), "overwrite": False, **config}
-    run.result, run.rank, run.world_size = {"status": "ok", "failure": None, "loss": [1.5, math.nan, math.inf]}, 0, 1
+    run.config = {"output": str(tmp_path / "result.json"), "overwrite": False, "benchmark": "ddp_resnet50.py",
+                  **config}
+    run.result = {"status": "ok", "failure": None, "loss": [1.5, math.nan, math.inf], "config": run.config}
+    run.rank, run.world_size, run.on_result, run.wall_start = 0, 1, None, 0.0
     return run
 
 
@@ -155,23 +157,23 @@ def test_the_result_file_is_whole_readable_and_never_replaces_another_runs(nativ
     run = bare_run(native, tmp_path)
     old = os.umask(0o022)
     try:
-        assert run.write(0) == 0
+        assert run.write_result(0) == 0
     finally:
         os.umask(old)
     target = tmp_path / "result.json"
     assert json.loads(target.read_text())["loss"] == [1.5, None, None]  # NaN and infinity are not JSON
     assert oct(target.stat().st_mode & 0o777) == "0o644"  # colleagues on a shared file system can read it
     # Another run wrote the same --output meanwhile: this result goes beside it, and the run says so and fails.
-    run.result = {"status": "ok", "failure": None, "second": True}
-    assert run.write(0) == 1
+    run.result = {"status": "ok", "failure": None, "second": True, "config": run.config}
+    assert run.write_result(0) == 1
     assert "loss" in json.loads(target.read_text())
     beside = tmp_path / f"result.{os.getpid()}.json"
     assert json.loads(beside.read_text())["second"] is True
-    assert f"this result is {beside}" in capsys.readouterr().err
+    assert f"this is {beside}" in capsys.readouterr().err
     run.config["overwrite"] = True
-    assert run.write(0) == 0 and json.loads(target.read_text())["second"] is True
-    run.result = {"status": "ok", "failure": None, "not serialisable": object()}
-    assert run.write(0) == 1 and json.loads(target.read_text())["second"] is True  # no partial file
+    assert run.write_result(0) == 0 and json.loads(target.read_text())["second"] is True
+    run.result = {"status": "ok", "failure": None, "not serialisable": object(), "config": run.config}
+    assert run.write_result(0) == 1 and json.loads(target.read_text())["second"] is True  # no partial file
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["result.json", beside.name])
 
 
@@ -182,9 +184,9 @@ def test_two_writers_of_one_output_both_keep_their_results(native, tmp_path):
 
     def writer(index):
         run = bare_run(native, tmp_path / "shared")
-        run.result = {"status": "ok", "failure": None, "writer": index}
+        run.result = {"status": "ok", "failure": None, "writer": index, "config": run.config}
         barrier.wait()
-        codes.append(run.write(0))
+        codes.append(run.write_result(0))
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
     for thread in threads:
@@ -207,9 +209,8 @@ def record(rank, times, lead=None, losses=(2.0, 1.0), peak=None, checksum=1.0):
 def finished(native, tmp_path, rank_record):
     """Rank 0's finish() of a one-rank run from a made-up record: the result as it would be written."""
     run = bare_run(native, tmp_path, global_batch_size=8, warmup_steps=1, steps=len(rank_record["step_times_ms"]),
-                   precision="fp32", image_size=32, strategy="ddp", batch_size_per_device=8)
-    run.result, run.wall_start = {"failure": None}, 0.0
-    code = run.finish(rank_record, lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3072, 10)))
+                   precision="fp32", image_size=32, strategy="ddp", batch_size_per_device=8, model="resnet18")
+    code = run.finish(rank_record)
     return run, code
 
 

@@ -249,7 +249,7 @@ def test_readme_code_map_line_numbers_match_the_file():
         inside = int(line) > module_class and text.startswith(" ") and all(
             not s.startswith(("def ", "class ")) for s in source[module_class:int(line) - 1])
         assert inside == bool(method), f"{method}{name} at line {line} is {'' if inside else 'not '}in the class"
-    models = re.findall(r"`([\w.]+)\(weights=None\)` at line (\d+)", readme)
+    models = re.findall(r"`([\w.]+)\(([\w, ]*)weights=None\)` at line (\d+)", readme)
     assert models, "the code map names the line that creates the model"
-    for name, line in models:
-        assert f"{name.split('.')[-1]}(weights=None" in source[int(line) - 1], (name, line)
+    for name, arguments, line in models:
+        assert f"{name.split('.')[-1]}({arguments}weights=None" in source[int(line) - 1], (name, line)

@@ -16,7 +16,7 @@ os.umask(UMASK)
 
 def test_two_rank_result_field_by_field(native_two_rank):
     proc, result = native_two_rank
-    assert result["schema_version"] == 1
+    assert result["schema_version"] == 2 and result["launch_id"]
     assert (result["benchmark"], result["strategy"], result["status"]) == ("ddp_resnet50.py", "ddp", "ok")
     config = result["config"]
     assert config["device"] == "cpu" and config["backend"] == "gloo"

@@ -35,7 +35,7 @@ def load_native():
 
 def parse_arguments(native, argv, scratch):
     """The tool's own options, then the script's (its --output pointed into scratch: the tool writes no result)."""
-    tool = native.OneLineArgumentParser(prog="harness_cost.py", description=__doc__.split("\n")[0], add_help=False)
+    tool = native.OneLineArgumentParser("harness_cost.py", __doc__.split("\n")[0], add_help=False)
     tool.add_argument("--blocks", type=int, default=20, help="blocks of each kind, interleaved")
     tool.add_argument("--block-steps", type=int, default=25, help="training steps per block")
     tool.add_argument("--output", help="write the blocks' times and the ratios to this JSON file")
@@ -44,8 +44,12 @@ def parse_arguments(native, argv, scratch):
         raise native.UsageError("--blocks must be at least 1 and --block-steps at least 2")
     if own.output is not None:  # the script's own rules for a result path, proved before any work
         overwrite = ["--overwrite"] if "--overwrite" in rest else []
-        native.resolve_harness_config(native.parse_arguments(["--device", "cpu", "--output", own.output, *overwrite]),
-                                      native.detect_launch({}), "ddp", False, 0, False)
+        config = native.resolve_harness_config(native.parse_arguments(["--device", "cpu", "--output", own.output,
+                                                                        *overwrite]), native.detect_launch({}),
+                                               "harness_cost.py", "ddp", False, 0, False)
+        refusal = native.output_refusal(config, 0)
+        if refusal:
+            raise native.UsageError(refusal)
     if {"-h", "--help"} & set(rest):
         tool.print_help()
     return own, native.parse_arguments([*rest, "--output", os.path.join(scratch, "unused.json")])
@@ -116,11 +120,11 @@ def measure(native, own, args):
     cuda = args.device == "cuda" and torch.cuda.is_available()
     count = torch.cuda.device_count() if cuda else 0
     launch = native.detect_launch({})
-    config = native.resolve_harness_config(args, launch, "ddp", cuda, count, cuda and torch.cuda.is_bf16_supported())
-    config.update(model="resnet50", optimizer="sgd",
-                  optimizer_impl="fused" if cuda and not config["grad_scaler"] else "foreach")
+    config = native.resolve_harness_config(args, launch, native.SCRIPT, native.STRATEGY, cuda, count,
+                                           cuda and torch.cuda.is_bf16_supported())
+    config.update(model="resnet50", optimizer="sgd", optimizer_impl=native.sgd_implementation(cuda, config["grad_scaler"]))
     recorded, run = dict(config), native.Run(config, launch, count)
-    run.meet()
+    run.join_ranks()
     step, _ = native.build_step(run)
     for _ in range(config["warmup_steps"]):  # the script's warm-up (a CUDA graph's capture is its last step)
         step()

@@ -34,7 +34,7 @@ def harness_block(text, path):
 
 def renumber_code_map():
     """Point every `name()` — line N of the Lightning README at where that function or ResNet50Benchmark method
-    now starts, and the model's line at the one that calls resnet50(weights=None). True when it changed."""
+    now starts, and the model's line at the one that calls get_model(name, weights=None). True when it changed."""
     source = TWIN.read_text().splitlines()
     module_class = next(i for i, text in enumerate(source, 1) if text.startswith("class ResNet50Benchmark("))
 
@@ -49,8 +49,8 @@ def renumber_code_map():
     readme = TWIN_README.read_text()
     updated = re.sub(r"`(ResNet50Benchmark\.)?(\w+)(\(\))?` — line \d+",
                      lambda m: f"`{m[1] or ''}{m[2]}{m[3] or ''}` — line {line_of(m[1], m[2])}", readme)
-    model_line = next(i for i, text in enumerate(source, 1) if "resnet50(weights=None" in text)
-    updated = re.sub(r"(`[\w.]+\(weights=None\)` at line )\d+", lambda m: f"{m[1]}{model_line}", updated)
+    model_line = next(i for i, text in enumerate(source, 1) if "get_model(name, weights=None" in text)
+    updated = re.sub(r"(`[\w.]+\([\w, ]*weights=None\)` at line )\d+", lambda m: f"{m[1]}{model_line}", updated)
     if updated != readme:
         TWIN_README.write_text(updated)
     return updated != readme

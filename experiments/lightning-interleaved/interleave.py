@@ -72,7 +72,7 @@ def make_module_class(native_argv, block_steps, blocks):
         instance = None
 
         def __init__(self, run):
-            super().__init__(run)
+            super().__init__(run, None)
             type(self).instance = self
             self.blocks, self.native, self.native_step, self.native_index, self.block_start = [], None, None, 0, None
 
@@ -81,10 +81,11 @@ def make_module_class(native_argv, block_steps, blocks):
             run = self.run
             args = native.parse_arguments(native_argv)
             cuda = args.device == "cuda"
-            config = native.resolve_harness_config(args, run.launch, native.STRATEGY, cuda, torch.cuda.device_count()
-                                                   if cuda else 0, cuda and torch.cuda.is_bf16_supported())
+            config = native.resolve_harness_config(args, run.launch, native.SCRIPT, native.STRATEGY, cuda,
+                                                   torch.cuda.device_count() if cuda else 0,
+                                                   cuda and torch.cuda.is_bf16_supported())
             config.update(model="resnet50", optimizer="sgd",
-                          optimizer_impl="fused" if cuda and not config["grad_scaler"] else "foreach",
+                          optimizer_impl=native.sgd_implementation(cuda, config["grad_scaler"]),
                           steps=block_steps * (blocks + 1))
             # native's Run without its constructor (the twin's Run owns the signals and the process groups)
             self.native = native.Run.__new__(native.Run)

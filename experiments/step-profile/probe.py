@@ -125,14 +125,14 @@ def profile_run(argv, out, name):
     launch = bench.detect_launch(os.environ)
     cuda = args.device == "cuda" and torch.cuda.is_available()
     count = torch.cuda.device_count() if cuda else 0
-    config = bench.resolve_harness_config(args, launch, bench.STRATEGY, cuda, count,
+    config = bench.resolve_harness_config(args, launch, bench.SCRIPT, bench.STRATEGY, cuda, count,
                                           cuda and torch.cuda.is_bf16_supported())
     config.update(model="resnet50", optimizer="sgd",  # as the script's main() chooses them
-                  optimizer_impl="fused" if cuda and not config["grad_scaler"] else "foreach")
+                  optimizer_impl=bench.sgd_implementation(cuda, config["grad_scaler"]))
     rank, world_size = launch["rank"], launch["world_size"]
     run, step = bench.Run(config, launch, count), None
     try:
-        run.meet()
+        run.join_ranks()
         step, _ = bench.build_step(run)
         for _ in range(config["warmup_steps"]):
             step()
