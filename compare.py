@@ -275,11 +275,11 @@ def pairs_of(rounds):
 
 def progress(record, rounds_total, rounds):
     ratio, interval, _ = summarize([pair["ratio"] for pair in pairs_of(rounds)])
-    running = "running B/A -" if ratio is None else f"running B/A {ratio:.3f}"
+    running = "-" if ratio is None else f"{ratio:.3f}"
     if interval is not None:
         running += f" ({interval[0]:.3f}–{interval[1]:.3f})"
     print(f"pair {record['pair']}/{rounds_total} {record['side'].upper()}: {record['images_per_second']:.2f} img/s, "
-          f"{running}", flush=True)
+          f"running B/A {running}", flush=True)
 
 
 def run_comparison(args, commands, rounds_dir, folder):
@@ -321,9 +321,8 @@ def build_comparison(args, rounds, results, status, stop, failure, started_at):
                         "max_minutes": args.max_minutes},
             "ratio": ratio, "interval_95": interval, "interval_half_width_percent": half_width,
             "verdict": verdict(ratio, interval, len(pairs)), "pairs": pairs, "rounds": rounds,
-            "machine": {side: info["machine"] for side, info in sides.items()},
-            "git": {side: info["git"] for side, info in sides.items()},
-            "software": {side: info["software"] for side, info in sides.items()},
+            **{group: {side: facts[group] for side, facts in sides.items()}
+               for group in ("machine", "git", "software")},
             "like_for_like": not differences, "differences": differences,
             "started_at": started_at, "finished_at": utc_now()}
 
