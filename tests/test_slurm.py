@@ -494,3 +494,28 @@ def test_sweep_names_the_jobs_it_submitted_before_sbatch_failed(recording_sbatch
         "sweep.tsv (scancel 101 cancels them)"]
     manifest = (tmp_path / "results" / "composed" / "sweep.tsv").read_text().splitlines()
     assert manifest[1:] == ["weak\t1\t1\t1\t101\tslurm/ddp_resnet50.sbatch"]
+
+
+# ---------------------------------------------------------------------------------------- compare.sbatch
+
+def test_compare_sbatch_runs_both_commands_in_the_job(cluster, tmp_path):
+    # Each side's command is an srun line, as in a GPU job; the benchmark is tests/test_compare.py's stand-in,
+    # whose two tasks write the same result. A comes from COMPARE_A, B after the script's name.
+    from test_compare import FAKE_SCRIPT, read_comparison
+    fake = tmp_path / "fake_bench.py"
+    fake.write_text(FAKE_SCRIPT)
+    side = f"srun python {fake} --calls {tmp_path}/calls.txt --label"
+    job = submit(cluster, tmp_path, "slurm/compare.sbatch", CPU_JOB, ["--b", f"{side} b --ips 90"], timeout=120,
+                 BENCH_DEVICE="cpu", COMPARE_A=f"{side} a --ips 100", COMPARE_ROUNDS="2")
+    assert job.returncode == 0, job.describe()
+    path = tmp_path / "compare" / f"compare-job{job.id}.json"
+    assert f"== compare.py exit status 0; result file(s): {path}" in job.log.splitlines(), job.describe()
+    comparison = read_comparison(path)
+    assert comparison["ratio"] == pytest.approx(0.9) and comparison["status"] == "ok"
+    assert (tmp_path / "calls.txt").read_text().split() == ["a", "a", "b", "b", "b", "b", "a", "a"]
+
+
+def test_compare_sbatch_without_a_command_says_so(cluster, tmp_path):
+    job = submit(cluster, tmp_path, "slurm/compare.sbatch", CPU_JOB, timeout=60, BENCH_DEVICE="cpu",
+                 COMPARE_A="srun python ddp_resnet50.py --device cpu")
+    assert_stopped_before_srun(job.returncode, job.log, "no command B: set COMPARE_B=", tmp_path)

@@ -1,0 +1,283 @@
+"""compare.py end to end: the real ddp_resnet50.py on the CPU in ABBA rounds, then a stand-in script for the rules
+(statistics, machines, stop rules, failures), whose result and img/s each call sets."""
+import json
+import math
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import jsonschema
+import pytest
+
+from conftest import NATIVE, ROOT, SMALL, clean_env, load_script, read_result
+
+COMPARE = ROOT / "compare.py"
+SCHEMA = json.loads((ROOT / "schema" / "compare.schema.json").read_text())
+FIXTURE = ROOT / "tests" / "fixtures" / "results" / "native-strong-1proc.json"
+# A stand-in for a benchmark script: it writes the fixture's result with what its N-th call (counted per --label
+# in the --calls file, which also records the order of the calls) is told: img/s, GPU UUIDs, status.
+FAKE_SCRIPT = f'''
+import argparse, json, pathlib, sys, time
+parser = argparse.ArgumentParser()
+for name in ("--label", "--calls", "--ips", "--uuids", "--host", "--torch", "--status", "--output"):
+    parser.add_argument(name)
+parser.add_argument("--sleep", type=float, default=0)
+args = parser.parse_args()
+calls = pathlib.Path(args.calls)
+call = calls.read_text().split().count(args.label) if calls.exists() else 0
+with calls.open("a") as log:
+    log.write(args.label + "\\n")
+time.sleep(args.sleep)
+def nth(values, default):
+    values = (values or default).split(",")
+    return values[call % len(values)]
+result = json.loads(pathlib.Path({str(FIXTURE)!r}).read_text())
+result["throughput"]["images_per_second"] = float(nth(args.ips, "100"))
+uuids = nth(args.uuids, "GPU-0").split("+")
+result["hardware"]["ranks"] = [{{"rank": rank, "hostname": args.host or "vm", "device": f"cuda:{{rank}}",
+                                "gpu_uuid": uuid}} for rank, uuid in enumerate(uuids)]
+result["hardware"]["hostnames"] = [args.host or "vm"]
+result["software"]["torch"] = args.torch or result["software"]["torch"]
+result["status"] = nth(args.status, "ok")
+if result["status"] != "ok":
+    result["failure"] = {{"kind": result["status"], "rank": 0, "message": "the stand-in was told to fail"}}
+pathlib.Path(args.output).write_text(json.dumps(result))
+print("stand-in: wrote", args.output)
+sys.exit(0 if result["status"] == "ok" else 1)
+'''
+
+
+@pytest.fixture(scope="module")
+def compare():
+    return load_script(COMPARE)
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """fake(label, **options): the command line of the stand-in for one side."""
+    script = tmp_path / "fake_bench.py"
+    script.write_text(FAKE_SCRIPT)
+
+    def command(label, **options):
+        words = [sys.executable, str(script), "--label", label, "--calls", str(tmp_path / "calls.txt")]
+        for name, value in options.items():
+            words += [f"--{name}", str(value)]
+        return shlex.join(words)
+    return command
+
+
+def run_compare(tmp_path, a, b, *options, name="cmp.json"):
+    return subprocess.run([sys.executable, str(COMPARE), "--a", a, "--b", b, "--output", str(tmp_path / name),
+                           *map(str, options)], capture_output=True, text=True, timeout=300, env=clean_env(),
+                          cwd=tmp_path)
+
+
+def read_comparison(path):
+    comparison = json.loads(path.read_text())
+    jsonschema.validate(comparison, SCHEMA, cls=jsonschema.Draft202012Validator)
+    return comparison
+
+
+def calls(tmp_path):
+    return (tmp_path / "calls.txt").read_text().split()
+
+
+def paired_summary(ratios):
+    """The 95 % interval of the geometric mean of paired ratios, computed here independently of compare.py."""
+    logs = [math.log(ratio) for ratio in ratios]
+    t = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}[len(logs) - 1]
+    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    mean = statistics.fmean(logs)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def test_real_script_rounds_in_abba_order(tmp_path):
+    a = shlex.join([sys.executable, str(NATIVE), *SMALL])
+    b = shlex.join([sys.executable, str(NATIVE), *SMALL, "--steps", "6"])
+    proc = run_compare(tmp_path, a, b, "--rounds", 2)
+    assert proc.returncode == 0, proc.stderr
+    comparison = read_comparison(tmp_path / "cmp.json")
+    assert comparison["status"] == "ok" and comparison["stop_reason"] == "rounds"
+    assert comparison["commands"] == {"a": a, "b": b}
+    rounds = comparison["rounds"]
+    assert [(r["order"], r["pair"], r["side"]) for r in rounds] == [(1, 1, "a"), (2, 1, "b"), (3, 2, "b"), (4, 2, "a")]
+    results = [read_result(tmp_path / r["result"]) for r in rounds]
+    # each round ran its own side's command (B times 6 steps), one after another in that order
+    assert [result["config"]["steps"] for result in results] == [4, 6, 6, 4]
+    assert [r["result"] for r in rounds] == ["cmp.rounds/a-1.json", "cmp.rounds/b-1.json", "cmp.rounds/b-2.json",
+                                             "cmp.rounds/a-2.json"]
+    starts = [result["started_at"] for result in results]
+    assert starts == sorted(starts)
+    ips = [result["throughput"]["images_per_second"] for result in results]
+    assert [r["images_per_second"] for r in rounds] == ips
+    ratios = [ips[1] / ips[0], ips[2] / ips[3]]
+    assert [pair["ratio"] for pair in comparison["pairs"]] == pytest.approx(ratios)
+    assert [pair["order"] for pair in comparison["pairs"]] == ["AB", "BA"]
+    ratio, low, high = paired_summary(ratios)
+    assert comparison["ratio"] == pytest.approx(ratio)
+    assert comparison["interval_95"] == pytest.approx([low, high])
+    assert comparison["machine"]["a"] == comparison["machine"]["b"]
+    assert comparison["machine"]["a"]["hostnames"] == results[0]["hardware"]["hostnames"]
+    assert comparison["git"]["a"] == results[0]["git"] and comparison["software"]["b"]["torch"] == results[1][
+        "software"]["torch"]
+    assert comparison["like_for_like"] and comparison["differences"] == []
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("pair ")]
+    assert [line.split(":")[0] for line in progress] == ["pair 1/2 A", "pair 1/2 B", "pair 2/2 B", "pair 2/2 A"]
+    assert comparison["verdict"] in proc.stdout
+
+
+def test_pairs_cancel_a_drift_that_unpaired_rounds_would_not(tmp_path, fake):
+    # The machine's pace doubles and halves between pairs; B is 10 % slower within each pair.
+    a = fake("a", ips="100,200,100,200")
+    b = fake("b", ips="90,181,89.5,180")
+    proc = run_compare(tmp_path, a, b, "--rounds", 4)
+    assert proc.returncode == 0, proc.stderr
+    assert calls(tmp_path) == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    comparison = read_comparison(tmp_path / "cmp.json")
+    ratios = [90 / 100, 181 / 200, 89.5 / 100, 180 / 200]
+    assert [pair["ratio"] for pair in comparison["pairs"]] == pytest.approx(ratios)
+    ratio, low, high = paired_summary(ratios)
+    assert comparison["ratio"] == pytest.approx(ratio) and comparison["interval_95"] == pytest.approx([low, high])
+    assert high < 1  # unpaired, the drift would make the interval contain 1
+    assert comparison["verdict"] == (f"B is {100 * (1 - ratio):.1f} % slower than A (95 % interval "
+                                     f"{100 * (1 - high):.1f}–{100 * (1 - low):.1f} %, 4 pairs)")
+    assert comparison["verdict"] in proc.stdout.splitlines()
+
+
+def test_statistics(compare):
+    ratio, interval, half_width = compare.summarize([1.02, 0.98, 1.05, 1.01, 0.99])
+    expected = paired_summary([1.02, 0.98, 1.05, 1.01, 0.99])
+    assert (ratio, *interval) == pytest.approx(expected)
+    assert half_width == pytest.approx(100 * (expected[2] / expected[0] - 1))
+    assert compare.summarize([0.9]) == (pytest.approx(0.9), None, None)
+    assert compare.summarize([]) == (None, None, None)
+    for degrees, t in ((1, 12.706), (4, 2.776), (30, 2.042), (40, 2.021), (60, 2.000), (120, 1.980)):
+        assert compare.t_975(degrees) == pytest.approx(t, abs=0.002)
+    assert compare.verdict(1.041, [1.020, 1.062], 5) == "B is 4.1 % faster than A (95 % interval 2.0–6.2 %, 5 pairs)"
+    assert compare.verdict(0.959, [0.938, 0.980], 5) == "B is 4.1 % slower than A (95 % interval 2.0–6.2 %, 5 pairs)"
+    assert compare.verdict(1.002, [0.987, 1.010], 5) == (
+        "no difference larger than ±1.3 % detectable at this noise (5 pairs)")
+    assert [compare.pair_order(pair) for pair in (1, 2, 3, 4)] == [("a", "b"), ("b", "a"), ("a", "b"), ("b", "a")]
+
+
+@pytest.mark.parametrize("a_options,b_options,refused", [
+    ({"uuids": "GPU-0"}, {"uuids": "GPU-1"}, "compare on one machine"),               # the other GPU
+    ({"host": "node1"}, {"host": "node2"}, "compare on one machine"),                 # another host
+    ({"uuids": "GPU-0,GPU-7"}, {"uuids": "GPU-0"}, "A's first round on"),             # A moved in pair 2
+    ({"uuids": "GPU-0"}, {"uuids": "GPU-0+GPU-1"}, None),                             # one GPU against both
+])
+def test_rounds_on_another_machine_are_refused(tmp_path, fake, a_options, b_options, refused):
+    proc = run_compare(tmp_path, fake("a", **a_options), fake("b", **b_options), "--rounds", 2)
+    if refused is None:
+        assert proc.returncode == 0, proc.stderr
+        comparison = read_comparison(tmp_path / "cmp.json")
+        assert comparison["machine"]["b"]["gpu_uuids"] == ["GPU-0", "GPU-1"]
+        return
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and refused in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("compare.py: error: round ") and "Traceback" not in proc.stderr
+    assert not (tmp_path / "cmp.json").exists()
+
+
+def test_a_different_software_is_recorded(tmp_path, fake):
+    proc = run_compare(tmp_path, fake("a"), fake("b", torch="2.99.0"), "--rounds", 2)
+    assert proc.returncode == 0, proc.stderr
+    comparison = read_comparison(tmp_path / "cmp.json")
+    assert not comparison["like_for_like"]
+    assert comparison["differences"] == ["software torch: A 2.14.1+cu130, B 2.99.0"]
+    assert "not like for like: software torch: A 2.14.1+cu130, B 2.99.0" in proc.stdout
+
+
+def test_until_interval_stops_at_the_first_narrow_enough_pair(tmp_path, fake, compare):
+    ips_b = [100, 94, 100, 99, 101, 100, 100]
+    proc = run_compare(tmp_path, fake("a"), fake("b", ips=",".join(map(str, ips_b))), "--rounds", 7,
+                       "--until-interval", 5)
+    assert proc.returncode == 0, proc.stderr
+    comparison = read_comparison(tmp_path / "cmp.json")
+    assert comparison["stop_reason"] == "until_interval" and comparison["status"] == "ok"
+    widths = [compare.summarize([ips / 100 for ips in ips_b[:n]])[2] for n in range(2, len(ips_b) + 1)]
+    stop = 2 + next(n for n, width in enumerate(widths) if width < 5)
+    assert 2 < stop < len(ips_b)  # the data make it stop neither at once nor never
+    assert len(comparison["pairs"]) == stop and len(comparison["rounds"]) == 2 * stop
+    assert comparison["interval_half_width_percent"] < 5
+
+
+def test_max_minutes_starts_no_new_pair(tmp_path, fake):
+    proc = run_compare(tmp_path, fake("a", sleep=0.3), fake("b", sleep=0.3), "--rounds", 5, "--max-minutes", 0.01)
+    assert proc.returncode == 0, proc.stderr
+    comparison = read_comparison(tmp_path / "cmp.json")
+    assert comparison["stop_reason"] == "max_minutes"
+    assert len(comparison["pairs"]) == 1 and comparison["interval_95"] is None
+    assert calls(tmp_path) == ["a", "b"]
+    assert comparison["verdict"] == "B/A 1.000 from 1 pair: no interval (it needs 2 pairs)"
+
+
+def test_a_failing_round_stops_and_keeps_the_pairs_so_far(tmp_path, fake):
+    proc = run_compare(tmp_path, fake("a"), fake("b", status="ok,error"), "--rounds", 3)
+    assert proc.returncode == 1
+    assert proc.stderr == ("compare.py: round 3 (pair 2, B) failed: exit 1, status error: "
+                           "the stand-in was told to fail\n")
+    comparison = read_comparison(tmp_path / "cmp.json")
+    assert (comparison["status"], comparison["stop_reason"]) == ("failed", "failed")
+    assert comparison["failure"] == proc.stderr.split(": ", 1)[1].strip()
+    assert [(r["side"], r["status"]) for r in comparison["rounds"]] == [("a", "ok"), ("b", "ok"), ("b", "error")]
+    assert len(comparison["pairs"]) == 1 and comparison["ratio"] == pytest.approx(1)
+
+
+def test_a_round_without_a_result_names_its_last_line(tmp_path, fake):
+    silent = shlex.join([sys.executable, "-c", "import sys; print('no GPU here', file=sys.stderr); sys.exit(3)"])
+    proc = run_compare(tmp_path, silent, fake("b"), "--rounds", 2)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("compare.py: round 1 (pair 1, A) failed: exit 3, no result at ")
+    assert proc.stderr.endswith(": no GPU here\n") and proc.stderr.count("\n") == 1
+    assert read_comparison(tmp_path / "cmp.json")["rounds"][0]["status"] is None
+
+
+def test_a_signal_ends_the_comparison_with_what_it_has(tmp_path, fake):
+    command = [sys.executable, str(COMPARE), "--a", fake("a", sleep=30), "--b", fake("b"), "--rounds", "2",
+               "--output", str(tmp_path / "cmp.json")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "calls.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    assert process.returncode == 130
+    comparison = read_comparison(tmp_path / "cmp.json")
+    assert (comparison["status"], comparison["rounds"], comparison["ratio"]) == ("interrupted", [], None)
+
+
+PYTHON_NATIVE = shlex.join([sys.executable, str(NATIVE)])
+
+
+@pytest.mark.parametrize("a,options,rule", [
+    (f"{PYTHON_NATIVE} --output r.json", [], "has --output: compare.py gives each round its own --output"),
+    (f"{PYTHON_NATIVE} --output=r.json", [], "has --output"),
+    (f"{PYTHON_NATIVE} 'ddp_resnet50.py", [], "No closing quotation"),
+    ("no-such-command-here --steps 4", [], "no-such-command-here is not a command found here"),
+    ("NCCL_DEBUG=INFO", [], "has no command"),
+    (PYTHON_NATIVE, ["--rounds", "1"], "--rounds 1: an interval needs at least 2 pairs"),
+    (PYTHON_NATIVE, ["--output", "cmp.txt"], "name a .json file"),
+    (PYTHON_NATIVE, ["--until-interval", "0"], "--until-interval 0.0: give a width"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, a, options, rule):
+    proc = run_compare(tmp_path, a, PYTHON_NATIVE, "--rounds", 2, *options)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("compare.py: error: ") and proc.stderr.count("\n") == 1 and rule in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_comparison_needs_overwrite(tmp_path, fake):
+    assert run_compare(tmp_path, fake("a"), fake("b"), "--rounds", 3).returncode == 0
+    proc = run_compare(tmp_path, fake("a"), fake("b"), "--rounds", 2)
+    assert proc.returncode == 2 and "exists: pass --overwrite to replace it" in proc.stderr
+    (tmp_path / "cmp.json").unlink()
+    proc = run_compare(tmp_path, fake("a"), fake("b"), "--rounds", 2)
+    assert proc.returncode == 2 and "holds another comparison's rounds" in proc.stderr
+    proc = run_compare(tmp_path, fake("a"), fake("b"), "--rounds", 2, "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert len(read_comparison(tmp_path / "cmp.json")["rounds"]) == 4
+    assert sorted(path.name for path in (tmp_path / "cmp.rounds").glob("*.json")) == [
+        "a-1.json", "a-2.json", "b-1.json", "b-2.json"]  # the third pair of the old comparison is gone
