@@ -639,11 +639,12 @@ class Run:
             socket.getaddrinfo(launch["master_addr"], None)
         except OSError:
             raise LaunchError(f"the master host {launch['master_addr']!r} cannot be resolved") from None
-        # torchrun's workers join the agent's store (env://); srun and hand-set variables need an address
-        address = f"tcp://{launch['master_addr']}:{launch['master_port']}"
-        dist.init_process_group(self.config["backend"], rank=self.rank, world_size=self.world_size,
-                                timeout=self.timeout, init_method="env://" if launch["launcher"] == "torchrun" else
-                                address, device_id=self.device if self.device.type == "cuda" else None)
+        store = None  # torchrun's workers join its agent's store (env://); srun and hand-set variables need their own,
+        if launch["launcher"] != "torchrun":  # whose connection outwaits the meeting's deadline (one line, not C++'s)
+            store = dist.TCPStore(launch["master_addr"], launch["master_port"], self.world_size, self.rank == 0,
+                                  self.timeout * 2, wait_for_workers=False)
+        dist.init_process_group(self.config["backend"], store=store, rank=self.rank, world_size=self.world_size,
+                                timeout=self.timeout, device_id=self.device if self.device.type == "cuda" else None)
 
     def before_step(self, index):
         """Peak memory from the second step (the first autotunes and compiles); a synchronised timed start."""

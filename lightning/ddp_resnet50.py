@@ -322,12 +322,15 @@ def check_the_launchers_layout(args, env, launch):
 # What --lightning-matched, --cuda-graphs and the harness's signals need of Lightning (and of DDP) beyond its public
 # API, all here. Checked with Lightning 2.6.6 and torch 2.11-2.14; tests/test_lightning.py fails with a clear
 # message when an upgrade removes one of PRIVATE_NAMES.
-PRIVATE_NAMES = {  # module: class, attribute (instance attributes are checked on a fresh instance)
-    "lightning.pytorch.strategies.ddp": ("DDPStrategy", "_setup_model"),
-    "lightning.pytorch.loops.training_epoch_loop": ("_TrainingEpochLoop", "_broadcast_sigterm_tensor"),
-    "lightning.pytorch.core.optimizer": ("LightningOptimizer", "_on_before_step"),
-    "lightning.pytorch.strategies.launchers.subprocess_script": ("_SubprocessScriptLauncher", "procs"),
-    "torch.nn.parallel.distributed": ("DistributedDataParallel", "_sync_buffers")}
+PRIVATE_NAMES = (  # module, class, attribute (an instance attribute is named in its __init__)
+    ("lightning.pytorch.strategies.ddp", "DDPStrategy", "_setup_model"),
+    ("lightning.pytorch.strategies.ddp", "DDPStrategy", "_ddp_kwargs"),
+    ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop", "_broadcast_sigterm_tensor"),
+    ("lightning.pytorch.core.optimizer", "LightningOptimizer", "_on_before_step"),
+    ("lightning.pytorch.core.optimizer", "LightningOptimizer", "_on_after_step"),
+    ("lightning.pytorch.strategies.launchers.subprocess_script", "_SubprocessScriptLauncher", "procs"),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel", "_sync_buffers"),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel", "require_forward_param_sync"))
 
 
 class CurrentStreamDDPStrategy(DDPStrategy):
@@ -863,11 +866,12 @@ class Run:
             socket.getaddrinfo(launch["master_addr"], None)
         except OSError:
             raise LaunchError(f"the master host {launch['master_addr']!r} cannot be resolved") from None
-        # torchrun's workers join the agent's store (env://); srun and hand-set variables need an address
-        address = f"tcp://{launch['master_addr']}:{launch['master_port']}"
-        dist.init_process_group(self.config["backend"], rank=self.rank, world_size=self.world_size,
-                                timeout=self.timeout, init_method="env://" if launch["launcher"] == "torchrun" else
-                                address, device_id=self.device if self.device.type == "cuda" else None)
+        store = None  # torchrun's workers join its agent's store (env://); srun and hand-set variables need their own,
+        if launch["launcher"] != "torchrun":  # whose connection outwaits the meeting's deadline (one line, not C++'s)
+            store = dist.TCPStore(launch["master_addr"], launch["master_port"], self.world_size, self.rank == 0,
+                                  self.timeout * 2, wait_for_workers=False)
+        dist.init_process_group(self.config["backend"], store=store, rank=self.rank, world_size=self.world_size,
+                                timeout=self.timeout, device_id=self.device if self.device.type == "cuda" else None)
 
     def before_step(self, index):
         """Peak memory from the second step (the first autotunes and compiles); a synchronised timed start."""

@@ -33,13 +33,14 @@ def script_args(script):
 
 
 @pytest.mark.parametrize("script,signum", [(NATIVE, signal.SIGTERM), (NATIVE, signal.SIGINT),
+                                           (NATIVE, signal.SIGUSR1), (LIGHTNING, signal.SIGHUP),
                                            (LIGHTNING, signal.SIGTERM), (OSS, signal.SIGTERM)],
-                         ids=["native-TERM", "native-INT", "lightning-TERM", "oss-TERM"])
+                         ids=["native-TERM", "native-INT", "native-USR1", "lightning-HUP", "lightning-TERM", "oss-TERM"])
 def test_signal_stops_after_the_current_step_with_the_steps_so_far(tmp_path, script, signum):
     output = tmp_path / "interrupted.json"
     procs = launch_by_hand(script, [*LONG, *script_args(script), "--output", str(output)])
     wait_for_line(procs[0], "measuring step 1/200")
-    if signum == signal.SIGTERM:  # Slurm signals every task; Ctrl-C may reach only one rank
+    if signum != signal.SIGINT:  # Slurm signals every task; Ctrl-C may reach only one rank
         for proc in procs:
             proc.send_signal(signum)
     else:
@@ -173,3 +174,34 @@ def test_a_late_rank_does_not_trip_over_rank_zeros_error_result(tmp_path):
             rank1.kill()
             _, err = rank1.communicate()
         assert rank1.returncode != 2, err
+
+
+def test_a_refused_output_ends_every_rank_at_once_in_one_line(tmp_path):
+    """Only rank 0 looks at --output: when it refuses it, the other ranks learn so from rank 0 when they meet, and
+    the whole launch ends with exit code 2 and one line, instead of ranks waiting for a master that has gone."""
+    taken = tmp_path / "taken.json"
+    taken.write_text("old")
+    procs = launch_by_hand(NATIVE, [*SMALL, "--output", str(taken)], timeout=60)
+    started = time.monotonic()
+    outputs = finish(procs)
+    assert time.monotonic() - started < 40, "no rank may wait out --timeout"
+    assert [code for code, _, _ in outputs] == [2, 2], outputs
+    lines = [line for _, _, err in outputs for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "exists: pass --overwrite" in lines[0], lines
+    assert taken.read_text() == "old"
+
+
+def test_a_rank_whose_master_never_answers_ends_within_the_timeout_in_one_line():
+    """A lone rank 1: nothing at the master's port, or a listener there that never answers (it hung for good)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        ports = [free_port(), silent.getsockname()[1]]
+        env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "RANK": "1", "LOCAL_RANK": "1"}
+        procs = [subprocess.Popen([sys.executable, str(NATIVE), *SMALL, "--timeout", "6"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                  env=clean_env(**env, MASTER_PORT=str(port))) for port in ports]
+        outputs = finish(procs, limit_s=120)
+    for code, _, err in outputs:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 1 and len(lines) == 1 and "did not meet within --timeout 6 s" in lines[0], err

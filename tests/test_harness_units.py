@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from conftest import resolve_config
+from conftest import NATIVE, OSS, load_script, resolve_config
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "head",
             "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "x"}
@@ -169,6 +169,7 @@ def test_the_result_file_is_whole_readable_and_never_replaces_another_runs(nativ
     assert "loss" in json.loads(target.read_text())
     beside = tmp_path / f"result.{os.getpid()}.json"
     assert json.loads(beside.read_text())["second"] is True
+    assert json.loads(beside.read_text())["config"]["output"] == str(beside)  # it says where it really is
     assert f"this is {beside}" in capsys.readouterr().err
     run.config["overwrite"] = True
     assert run.write_result(0) == 0 and json.loads(target.read_text())["second"] is True
@@ -261,3 +262,44 @@ def test_peak_memory_is_reset_after_the_first_step_not_at_the_timed_start(native
         run.before_step(index)
         assert resets == ([] if index == 0 else ["gpu"]), index
     assert synchronized == ["gpu"] and len(run.marks) == 1  # the timed steps start synchronised, once
+
+
+def test_extra_defaults_are_benchmark_extras_defaults(native, tmp_path):
+    """What a result records for benchmark_extras.py's options without them is what those options default to."""
+    config = resolve_config(native, ["--bucket-cap-mb", "25", "--output", str(tmp_path / "r.json")])
+    assert {key: config[key] for key in native.EXTRA_DEFAULTS} == native.EXTRA_DEFAULTS
+
+
+@pytest.mark.parametrize("script", [NATIVE, OSS], ids=["native", "oss"])
+def test_help_shows_each_default_once_and_no_none(script, capsys):
+    module = load_script(script)
+    with pytest.raises(SystemExit):
+        module.parse_arguments(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "None" not in text and "default: " not in text
+    assert "images per device (256 on GPU, 8 on CPU)" in text and "timed steps (50)" in text
+    assert ("learning rate (0.1)" in text) == (script == NATIVE)  # oss_benchmark.py: each optimizer's own
+
+
+def test_an_output_the_system_cannot_hold_is_refused_before_any_folder_is_made(native, tmp_path):
+    deep = tmp_path.joinpath(*["d" * 200] * 25) / "r.json"
+    with pytest.raises(native.UsageError, match="longer than the system allows"):
+        resolve_config(native, ["--output", str(deep)])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_without_hard_links_is_refused_up_front(native, tmp_path, monkeypatch):
+    def refuse(source, target):
+        raise PermissionError(1, "Operation not permitted", source, None, target)
+    monkeypatch.setattr(native.os, "link", refuse)
+    with pytest.raises(native.UsageError, match="cannot hold hard links"):
+        resolve_config(native, ["--output", str(tmp_path / "r.json")])
+    assert resolve_config(native, ["--output", str(tmp_path / "r.json"), "--overwrite"])  # a rename needs no link
+
+
+def test_slurm_job_ids_of_federated_clusters(native):
+    env = {"SLURM_JOB_ID": "4227858433", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_TASKS_PER_NODE": "1"}
+    launch = native.detect_launch(env)
+    assert launch["slurm_job_id"] == "4227858433" and launch["launcher"] == "slurm"
+    assert 15000 <= launch["master_port"] < 35000

@@ -253,3 +253,16 @@ def test_readme_code_map_line_numbers_match_the_file():
     assert models, "the code map names the line that creates the model"
     for name, arguments, line in models:
         assert f"{name.split('.')[-1]}({arguments}weights=None" in source[int(line) - 1], (name, line)
+
+
+def test_the_private_lightning_names_the_twin_touches_still_exist(twin):
+    """An upgrade that removes one of them fails here, naming it, rather than deep inside a GPU run."""
+    import importlib
+    import inspect
+    import re
+    import lightning
+    for module, cls, name in twin.PRIVATE_NAMES:
+        owner = getattr(importlib.import_module(module), cls)
+        named = hasattr(owner, name) or re.search(rf"self\.{name}\b", inspect.getsource(owner.__init__))
+        assert named, (f"{module}.{cls}.{name} is gone in Lightning {lightning.__version__} (torch "
+                       f"{twin.torch.__version__}): lightning/ddp_resnet50.py's private section needs a new way")
