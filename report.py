@@ -23,7 +23,9 @@ gets a launch_id derived from what it has (see launch_id_of_version_1).
 A configuration is everything that changes what is measured: the device (GPU name, or the CPU), the torch version,
 model, image size, precision, memory format, compile mode, optimizer, then the benchmark, strategy, script-specific
 options (shown next to the strategy where they tell rows apart), node count, world size, batch mode and batch
-sizes. Step counts, seeds, learning rate, timeouts and output paths are not part of it. Results with the same
+sizes. Step counts, seeds, learning rate, timeouts and output paths are not part of it, nor are DDP's options on
+one rank (the native script and its twin build no DDP there), nor FSDP's options for the other strategies; NCCL's
+tuning variables in the recorded environment are (nccl_environment). Results with the same
 configuration are repeats: the ok ones become one row (the median of each figure, and the range of throughput
 over every repeat, with the number of runs and machines behind it); a result that did not end ok gets a row of its
 own, marked with its status, and is left out of every comparison. A row whose results found their own run
@@ -102,6 +104,10 @@ OPTION_DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broa
                    "static_graph": False, "coordinate_descent_tuning": False, "comm_hook": "none",
                    "cuda_graphs": False, "stem_conv": "torchvision", "max_pool_backward": "torchvision",
                    "batch_norm": "torchvision"}
+# Options of DDP and of Lightning's DDP strategy: the native script and its twin build no DDP on one rank (and the
+# twin's variants differ only in DDP's stream and a broadcast between ranks), so on one rank they change nothing.
+DDP_OPTIONS = ("bucket_cap_mb", "gradient_as_bucket_view", "broadcast_buffers", "static_graph", "comm_hook",
+               "compiled_ddp", "lightning_variant", "lightning_ddp_side_stream", "lightning_sigterm_sync")
 # oss_benchmark.py options that only some strategies use: for the others they change nothing that is measured.
 STRATEGY_OPTIONS = {"fsdp_units": ("fsdp_zero2", "fsdp_zero3"), "fsdp_param_dtype": ("fsdp_zero2", "fsdp_zero3"),
                     "sharded_reduce_buffer": ("oss_sharded_ddp",)}
@@ -111,7 +117,15 @@ SOFTWARE = ("torch", "cuda", "cudnn", "nccl", "torchvision", "lightning", "fairs
 SETUP_FIELDS = ("device", "device_name", "torch", "model", "image_size", "precision", "memory_format",
                 "compile_mode", "optimizer")
 # Options that a result carries only when they were given: their absence is the default, not worth a word.
-ABSENT_BY_DEFAULT = {"inductor_environment"}
+ABSENT_BY_DEFAULT = {"inductor_environment", "nccl_environment"}
+# NCCL variables that do not tune a run: the machine's settings (NVLink multicast off where the machines are lent,
+# the container's NCCL version), logging, and the error handling the scripts set for CUDA graphs themselves.
+MACHINE_NCCL_VARIABLES = {"NCCL_NVLS_ENABLE", "NCCL_VERSION", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
+                          "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+# Environment variables that committed results older than the recording of the environment ran with, from their
+# campaign's commands.txt (relative to the results folder).
+UNRECORDED_ENVIRONMENT = {"nvidia-h200-x2-2026-11-30/ddp2-native-2gpu-bf16-256-bv-nch4.json":
+                          {"NCCL_MAX_NCHANNELS": "4"}}
 RUN_FIELDS = ("benchmark", "strategy", "options", "num_nodes", "world_size", "batch_mode",
               "batch_size_per_device", "global_batch_size")
 Config = namedtuple("Config", SETUP_FIELDS + RUN_FIELDS)
@@ -265,24 +279,28 @@ def read_result_file(path):
         problem = document_problem(document)
     except RecursionError:
         problem = "nested too deeply"
-    return (None, problem) if problem else (upgrade(document), None)
+    return (None, problem) if problem else (upgrade(document, path), None)
 
 
 # ---------------------------------------------------------------------------- older formats
 
-def upgrade(result):
+def upgrade(result, path=None):
     """A valid result of any readable version in the current format (a new dict; the input is left alone), so
     that the rest of this report reads one format:
     - launch_id: a version-1 file's is derived from what it records (launch_id_of_version_1);
-    - config: the options its script did not record yet, with the values the script used (unrecorded_options);
+    - config: the options its script did not record yet, with the values the script used (unrecorded_options),
+      and the environment of a committed result that did not record it (UNRECORDED_ENVIRONMENT, by its path);
     - memory.window: results without one took their peaks over the timed steps;
     - stability: null where the file has none (read as "stability unknown");
     - schema_version: SCHEMA_VERSION."""
     upgraded = dict(result)
     if result["schema_version"] == 1:
         upgraded["launch_id"] = launch_id_of_version_1(result)
+    environment = (result.get("software") or {}).get("environment")
+    if environment is None and path is not None:
+        environment = UNRECORDED_ENVIRONMENT.get("/".join(pathlib.Path(path).parts[-2:]))
     upgraded["config"] = unrecorded_options(result["config"], result["benchmark"], result["world"]["world_size"],
-                                            (result.get("software") or {}).get("environment"))
+                                            environment)
     if isinstance(result.get("memory"), dict) and "window" not in result["memory"]:
         upgraded["memory"] = {**result["memory"], "window": TIMED_STEPS}
     upgraded.setdefault("stability", None)
@@ -312,7 +330,8 @@ def unrecorded_options(config, benchmark, world_size, environment=None):
     - Inductor's coordinate-descent tuning (recorded since --coordinate-descent-tuning): on in the max-autotune
       modes and under TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, off otherwise;
     - any other TORCHINDUCTOR_ variable the run was given (its cache folder aside), as inductor_environment:
-      it changes what Inductor generates;
+      it changes what Inductor generates; NCCL's tuning variables (the machine's own settings and logging aside), as
+      nccl_environment: they change how the gradients travel;
     - cuDNN's autotuning limit (null where a script left it alone): PyTorch's default where cuDNN autotuned;
     - the Lightning twin's variant (recorded since the twin ran Lightning's stock loop as well): unknown (null),
       since the twin's pieces changed over the results written before the choice."""
@@ -336,6 +355,10 @@ def unrecorded_options(config, benchmark, world_size, environment=None):
                 and name not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING")}
     if inductor:
         config["inductor_environment"] = inductor
+    nccl = {name: value for name, value in environment.items()
+            if name.startswith(("NCCL_", "TORCH_NCCL_")) and name not in MACHINE_NCCL_VARIABLES}
+    if nccl:
+        config["nccl_environment"] = nccl
     return config
 
 
@@ -361,11 +384,13 @@ def device_name_of(config, hardware):
     return " + ".join(names) or None  # None: the run failed before it looked at its hardware
 
 
-def options_of(config, strategy):
-    """Script-specific settings that change what the strategy measures, as a hashable, sorted tuple of
+def options_of(config, benchmark, strategy, world_size):
+    """Script-specific settings that change what the run measures, as a hashable, sorted tuple of
     (name, JSON text)."""
+    one_rank = world_size == 1 and benchmark in (NATIVE, LIGHTNING)  # no DDP
     return tuple(sorted((name, json.dumps(value, sort_keys=True)) for name, value in config.items()
-                        if name not in NOT_OPTIONS and strategy in STRATEGY_OPTIONS.get(name, (strategy,))))
+                        if name not in NOT_OPTIONS and not (one_rank and name in DDP_OPTIONS)
+                        and strategy in STRATEGY_OPTIONS.get(name, (strategy,))))
 
 
 def stability_of(result):
@@ -387,7 +412,8 @@ def make_run(path, result):
                  model=config.get("model") or "resnet50", image_size=config["image_size"],
                  precision=config["precision"], memory_format=config["memory_format"],
                  compile_mode=config.get("compile_mode"), optimizer=config["optimizer"], benchmark=result["benchmark"],
-                 strategy=result["strategy"], options=options_of(config, result["strategy"]),
+                 strategy=result["strategy"],
+                 options=options_of(config, result["benchmark"], result["strategy"], world["world_size"]),
                  num_nodes=world["num_nodes"], world_size=world["world_size"], batch_mode=config["batch_mode"],
                  batch_size_per_device=config["batch_size_per_device"], global_batch_size=config["global_batch_size"])
     stability = stability_of(result)
@@ -591,12 +617,17 @@ def aggregate(runs):
     return sorted(rows, key=row_order)
 
 
+def beyond_ddp(options):
+    """The options apart from DDP's: what a scaling series keeps from one GPU count to the next."""
+    return tuple(option for option in options if option[0] not in DDP_OPTIONS)
+
+
 def row_order(row):
     """Setup, then benchmark and strategy, then the scaling series (batch mode, the batch it keeps), then
     the GPU count: a series reads top to bottom. Failed runs after the ok row of their configuration."""
     config = row["config"]
     kept = config.batch_size_per_device if config.batch_mode == "per_device" else config.global_batch_size
-    return (order(setup_of(config)), config.benchmark, strategy_rank(config.strategy), config.options,
+    return (order(setup_of(config)), config.benchmark, strategy_rank(config.strategy), beyond_ddp(config.options),
             config.batch_mode, kept, config.world_size, config.num_nodes, order(config), row["status"] != "ok",
             row["status"], [str(run["path"]) for run in row["runs"]])
 
@@ -673,16 +704,26 @@ def option_labels(configs):
     labels = {}
     for members in groups.values():
         values = defaultdict(list)
+        names = {name for other in members for name, _ in other.options}
         for config in sorted(members, key=order):
             options = dict(config.options)
-            for name in {name for other in members for name, _ in other.options}:
-                values[name].append(options.get(name))
+            for name in names:
+                if applies(name, config):
+                    values[name].append(options.get(name))
         usual = {name: usual_value(name, seen) for name, seen in values.items() if len(set(seen)) > 1}
         for config in members:
             options = dict(config.options)
             labels[config] = [(name, options.get(name)) for name in sorted(usual)
-                              if options.get(name) != usual[name]]
+                              if applies(name, config) and options.get(name) != usual[name]]
     return labels
+
+
+def applies(name, config):
+    """Whether an option can change what a configuration measures (DDP's options need two ranks; FSDP's and
+    ShardedDDP's options their strategies)."""
+    if name in STRATEGY_OPTIONS and config.strategy not in STRATEGY_OPTIONS[name]:
+        return False
+    return not (name in DDP_OPTIONS and config.world_size == 1 and config.benchmark in (NATIVE, LIGHTNING))
 
 
 def usual_value(name, seen):
@@ -697,15 +738,16 @@ def usual_value(name, seen):
 
 
 def scaling_series(rows, batch_mode):
-    """Ok rows that differ only in world size (and node count): weak scaling keeps the batch per device,
-    strong scaling the global batch. Only series with two GPU counts or more."""
+    """Ok rows that differ only in world size (and node count) and DDP's options (which one rank does without):
+    weak scaling keeps the batch per device, strong scaling the global batch. Only series with two GPU counts or
+    more; the base, the fewest GPUs, first."""
     free = {"world_size": None, "num_nodes": None,
             "global_batch_size" if batch_mode == "per_device" else "batch_size_per_device": None}
     series = defaultdict(list)
     for row in rows:
         if row["status"] == "ok" and row["config"].batch_mode == batch_mode:
-            series[row["config"]._replace(**free)].append(row)
-    return [sorted(members, key=lambda row: (row["config"].world_size, row["config"].num_nodes))
+            series[row["config"]._replace(options=beyond_ddp(row["config"].options), **free)].append(row)
+    return [sorted(members, key=lambda row: (row["config"].world_size, row["config"].num_nodes, order(row["config"])))
             for key, members in sorted(series.items(), key=lambda item: order(item[0]))
             if len({row["config"].world_size for row in members}) > 1]
 
@@ -872,6 +914,8 @@ def strategy_text(config, labels):
 
 
 def lightning_variant(config):
+    if not applies("lightning_variant", config):
+        return "n/a (1 rank)"  # the variants differ only in DDP's stream and a broadcast between ranks
     return json.loads(dict(config.options).get("lightning_variant", "null")) or UNKNOWN_VARIANT
 
 
@@ -1140,7 +1184,8 @@ def sharding_tables(runs, base):
 
 SHARDING_EXPLANATION = wrap(
     "Sharding tables (oss_benchmark.py): one per launch, never mixing two; each strategy against the ddp run of its "
-    "own launch. vs ddp = rank 0's median throughput over that of the launch's ddp run; the phases are rank 0's medians over the instrumented pass (CUDA events, no host "
+    "own launch. vs ddp = rank 0's median throughput over that of the launch's ddp run; the phases are rank 0's "
+    "medians over the instrumented pass (CUDA events, no host "
     "synchronisation); host ms per step = the host's time to queue one step's phases; collectives and MiB per step "
     "come from the profiled pass (torch.profiler), next to the analytic volume; optimizer state = the largest rank's; "
     "peak saving = the ddp run's peak memory minus the strategy's, over the same window.")
@@ -1400,6 +1445,412 @@ def plot_memory(plt, rows, labels, title):
 
 
 
+# ---------------------------------------------------------------------------- generated answers
+
+ANSWER_DOCUMENTS = ("README.md", "docs/performance.md", "docs/sharding.md", "lightning/README.md")
+ANSWER_BLOCK = re.compile(r"(?P<open><!-- answers:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)"
+                          r"(?P<close><!-- /answers:(?P=name) -->)", re.DOTALL)
+ANY = object()  # a setting an answer does not restrict
+# What the native script runs without options on one H200 (upgraded results record every one of these).
+DEFAULT_RUN = {"benchmark": NATIVE, "strategy": "ddp", "device": "cuda", "model": "resnet50", "image_size": 224,
+               "precision": "bf16", "memory_format": "channels_last", "optimizer": "sgd", "compile_mode": None,
+               "batch_mode": "per_device", "batch_size_per_device": 256, "world_size": 1, "num_nodes": 1,
+               **OPTION_DEFAULTS, "loss_scale": None, "cudnn_benchmark": True, "cudnn_benchmark_limit": 10,
+               "compiled_ddp": None, "inductor_environment": None, "nccl_environment": None}
+TWIN = {"benchmark": LIGHTNING, "strategy": "lightning_ddp"}
+FASTEST = {"precision": "fp16", "loss_scale": 1024.0, "compile_mode": "default", "coordinate_descent_tuning": True,
+           "cuda_graphs": True, "stem_conv": "space_to_depth", "max_pool_backward": "dense", "batch_norm": "sums"}
+COMPILED_TWO = {"world_size": 2, "compile_mode": "default", "compiled_ddp": "ddp_optimizer"}
+COMPUTATION_SETTINGS = ("stem_conv", "max_pool_backward", "batch_norm")
+# The interleaved measurement of the twin's loop lives in experiments/, not in results/: quoted as it stands.
+INTERLEAVED = ("0.956 (29 runs on 5 machines, 95 % interval 0.953–0.960)",
+               "experiments/lightning-interleaved/README.md")
+
+
+def setting_of(run, name):
+    config = run["config"]
+    if name in Config._fields:
+        return getattr(config, name)
+    options = dict(config.options)
+    return json.loads(options[name]) if name in options else None
+
+
+def pick(runs, **settings):
+    """The ok runs of DEFAULT_RUN changed by settings (ANY: whatever they ran; a tuple: any of its values); options
+    that do not apply to a run (DDP's on one rank) are not asked of it."""
+    wanted = {**DEFAULT_RUN, **settings}
+    return [run for run in runs if run["status"] == "ok" and all(
+        value is ANY or not applies(name, run["config"]) or matches(setting_of(run, name), value)
+        for name, value in wanted.items())]
+
+
+def matches(setting, wanted):
+    return setting in wanted if isinstance(wanted, tuple) else setting == wanted
+
+
+def counted(runs, what="run"):
+    count, machines = len(runs), len({run["machine"] for run in runs} - {None})
+    return f"{count} {what}{'s' * (count != 1)} on {machines} machine{'s' * (machines != 1)}"
+
+
+def rates_text(runs, digits=0):
+    """The range of throughput over every run, with how many runs and machines: '4,698–4,751 img/s (27 runs on
+    14 machines)'."""
+    if not runs:
+        return "not measured"
+    rates = [rate(run) for run in runs]
+    return f"{range_text(rates, lambda value: f'{value:,.{digits}f}')} img/s ({counted(runs)})"
+
+
+def median_text(runs):
+    rates = [rate(run) for run in runs]
+    return (f"{statistics.median(rates):,.0f} img/s (median of {counted(runs)}, "
+            f"{range_text(rates, lambda value: f'{value:,.0f}')})")
+
+
+def mfu_text(runs):
+    values = [run["mfu"] for run in runs if run["mfu"] is not None]
+    return f"{range_text(values, percent_text)} %" if values else NO_PEAK
+
+
+def ratio_of(numerators, denominators, as_percent=False):
+    """B / A under the pairing rules: the range over every like-for-like run of B with their count, else the medians'
+    ratio labelled (never a headline)."""
+    if not numerators or not denominators:
+        return "not measured"
+    text = (lambda value: f"{value * 100:.1f}") if as_percent else ratio_text
+    unit = " %" if as_percent else ""
+    paired = paired_ratios(numerators, denominators)
+    if paired.values:
+        unpaired = len(numerators) - len(paired.runs)
+        alone = f"; {unpaired} more unpaired" if unpaired else ""
+        return f"{range_text(paired.values, text)}{unit} ({counted(paired.runs)}{alone})"
+    median = statistics.median(map(rate, numerators)) / statistics.median(map(rate, denominators))
+    return f"{text(median)}{unit}, {paired.label}"
+
+
+def scaling_values(runs, base_runs):
+    """(efficiencies, their runs) of the runs that have base runs of their GPUs, commit and software."""
+    if not runs or not base_runs:
+        return [], []
+    base_count = min(run["config"].world_size for run in base_runs)
+    paired = [(run, scaling_figures(run, base_runs, base_count)) for run in runs]
+    paired = [(run, figures[1]) for run, figures in paired if figures]
+    return [value for _, value in paired], [run for run, _ in paired]
+
+
+def scaling_of(runs, base_runs):
+    """Scaling efficiency of each run against base runs on its own GPUs (same commit and software), as a range."""
+    if not runs:
+        return "not measured"
+    values, paired = scaling_values(runs, base_runs)
+    if not values:
+        return f"{ACROSS_MACHINES}: no base runs of its GPUs, commit and software"
+    unpaired = len(runs) - len(paired)
+    alone = f"; {unpaired} more unpaired" if unpaired else ""
+    return f"{range_text(values, percent_text)} % ({counted(paired)}{alone})"
+
+
+def loss_text(runs, base_runs):
+    """What scaling loses from the ideal, 1 - efficiency, as a range: '1.7–2.3 %'."""
+    values, _ = scaling_values(runs, base_runs)
+    return f"{range_text([100 * (1 - value) for value in values], lambda value: f'{value:.1f}')} %"
+
+
+def link(path, base):
+    return f"[{pathlib.Path(path).stem}]({os.path.relpath(path, base)})"
+
+
+def files_text(runs, base, limit=3):
+    """Links to the result files, or to their campaign folders where there are more than limit."""
+    paths = sorted({run["path"].resolve() for run in runs})
+    if len(paths) <= limit:
+        return ", ".join(link(path, base) for path in paths)
+    folders = sorted({path.parent for path in paths})
+    shown = ", ".join(f"[{folder.name}]({os.path.relpath(folder, base)}/)" for folder in folders[:limit])
+    more = f" and {len(folders) - limit} more" if len(folders) > limit else ""
+    return f"{len(paths)} files in {shown}{more}"
+
+
+class Evidence:
+    """The committed runs and launches an answer document draws on, with the document's folder for its links."""
+
+    def __init__(self, runs, document, root=REPOSITORY):
+        self.runs, self.base = runs, (pathlib.Path(root) / document).parent
+        self.launches = launches(runs)
+
+    def pick(self, **settings):
+        return pick(self.runs, **settings)
+
+    def files(self, *groups, limit=3):
+        return files_text([run for group in groups for run in group], self.base, limit)
+
+    def sharding(self, strategy, **settings):
+        """(ratios of rank 0's medians strategy / ddp, one per launch that ran both under settings, those runs)."""
+        ratios, used = [], []
+        for members in self.launches:
+            chosen = pick(members, benchmark=OSS, strategy=strategy, **settings)
+            baselines = pick(members, benchmark=OSS, strategy="ddp", **settings)
+            if chosen and baselines and unlike(chosen[0], baselines[0]) is None:
+                ratios.append(chosen[0]["rank0_median"] / baselines[0]["rank0_median"])
+                used += [chosen[0], baselines[0]]
+        return ratios, used
+
+
+SHARDING_SGD = {"fsdp_units": "model", "fsdp_param_dtype": "fp32", "preset": None, "cudnn_deterministic": False,
+                "world_size": 2, "optimizer_impl": ANY, "cudnn_benchmark_limit": ANY, "comm_hook": ANY,
+                "coordinate_descent_tuning": ANY}
+
+
+def launches_text(ratios, used):
+    if not ratios:
+        return "not measured"
+    launched = len(ratios)
+    return (f"{range_text(ratios, percent_text)} % ({launched} launch{'es' * (launched != 1)} on "
+            f"{len({run['machine'] for run in used})} machine{'s' * (len({run['machine'] for run in used}) != 1)})")
+
+
+def summary_answers(evidence):
+    """README.md's results summary: the table and the sentence under it."""
+    e = evidence
+    default, fastest = e.pick(), e.pick(**FASTEST)
+    two, two_nobb = e.pick(world_size=2), e.pick(world_size=2, broadcast_buffers=False)
+    compiled_base, compiled = e.pick(compile_mode="default"), e.pick(**COMPILED_TWO, bucket_cap_mb=50.0,
+                                                                     broadcast_buffers=False)
+    twin_one = e.pick(**TWIN)
+    matched_two = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=False, lightning_sigterm_sync=False)
+    stock_pieces = e.pick(**TWIN, world_size=2, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
+                          lightning_ddp_side_stream=ANY)
+    native_no_views = e.pick(world_size=2, gradient_as_bucket_view=False)
+    sharding = {name: e.sharding(name, **SHARDING_SGD) for name in SHARDING_ORDER[1:]}
+    ddp_runs = [run for _, used in sharding.values() for run in used if run["config"].strategy == "ddp"]
+    peaks = sorted({run["peak_allocated_mib"] for run in ddp_runs})
+    saved = [run["analysis"]["memory"]["expected_optimizer_state_saving_bytes_vs_ddp"] / MIB
+             for _, used in sharding.values() for run in used if run["config"].strategy == "zero1"]
+    sharding_link = "[docs/sharding.md](docs/sharding.md#measured-on-2--h200)"
+    rows = [
+        ["DDP speed", "1 GPU, eager (the default)", rates_text(default), e.files(default)],
+        ["DDP speed", "1 GPU, fastest mode measured (fp16, compiled, captured, tuned)", median_text(fastest),
+         "[docs/performance.md](docs/performance.md#the-fastest-mode)"],
+        ["DDP scaling", "2 GPUs, eager, weak scaling", scaling_of(two, default), e.files(two)],
+        ["DDP scaling", "2 GPUs, eager, `--no-broadcast-buffers`", scaling_of(two_nobb, default), e.files(two_nobb)],
+        ["DDP scaling", "2 GPUs, compiled, 50 MB buckets, no buffer broadcast", scaling_of(compiled, compiled_base),
+         e.files(compiled)],
+        ["Lightning cost", "1 GPU (no DDP: stock and matched run alike) / native", ratio_of(twin_one, default),
+         e.files(twin_one)],
+        ["Lightning cost", "2 GPUs, DDP on the current stream, no SIGTERM broadcast (the matched variant's pieces) / "
+         "native", ratio_of(matched_two, two), e.files(matched_two)],
+        ["Lightning cost", "2 GPUs, stock's side stream and SIGTERM broadcast / native, DDP's bucket views off",
+         ratio_of(stock_pieces, native_no_views), e.files(stock_pieces)],
+        ["Lightning cost", "1 GPU, 32 images (host-bound), matched, interleaved", INTERLEAVED[0],
+         f"[experiments/lightning-interleaved]({INTERLEAVED[1]})"],
+        *[["sharding speed", f"2 GPUs, {label} / DDP", launches_text(*sharding[name]), sharding_link]
+          for name, label in (("oss_ddp", "OSS + DDP"), ("oss_sharded_ddp", "OSS + ShardedDDP"),
+                              ("fsdp_zero2", "FSDP2 ZeRO-2 (one unit)"))],
+        ["sharding memory", "2 GPUs, optimizer state saved (SGD) / peak",
+         f"{range_text(saved, lambda value: f'{value:.1f}')} MiB of "
+         f"{range_text(peaks, lambda value: f'{value:,.0f}')} MiB", sharding_link]]
+    return "\n\n".join([table(["question", "configuration", "result", "raw files"], rows),
+                        summary_sentence(e, default, two, two_nobb, compiled_base, sharding)])
+
+
+def summary_sentence(e, default, two, two_nobb, compiled_base, sharding):
+    """The sentence under the summary table, its figures from the same runs."""
+    compiled = e.pick(**COMPILED_TWO, bucket_cap_mb=ANY, broadcast_buffers=ANY)
+    sigterm = e.pick(**TWIN, world_size=2, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
+                     lightning_ddp_side_stream=ANY)
+    without = e.pick(**TWIN, world_size=2, gradient_as_bucket_view=False, lightning_sigterm_sync=False,
+                     lightning_ddp_side_stream=ANY)
+    side = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False)
+    costs = [1 - ratio for name in SHARDING_ORDER[1:] for ratio in sharding[name][0]]
+    broadcast = paired_ratios(sigterm, without).values
+    streams = paired_ratios(side, two).values
+    return wrap(
+        f"In short: DDP on NVLink loses {loss_text(two, default)} from 1 to 2 GPUs eager with the scripts' defaults "
+        f"({loss_text(two_nobb, default)} with `--no-broadcast-buffers`) and {loss_text(compiled, compiled_base)} "
+        "compiled (the compiled step runs at the power limit); "
+        "stock Lightning costs nothing measurable on one GPU where the GPU sets the pace, but on two GPUs its SIGTERM "
+        f"broadcast costs {range_text([100 * (1 - value) for value in broadcast], lambda value: f'{value:.1f}')} % "
+        "(the twin with it against the twin without it, one machine) and DDP on its side stream "
+        f"{range_text([100 * (1 - value) for value in streams], lambda value: f'{value:.1f}')} %, and its loop 4 % "
+        "when the host sets the pace; sharding ResNet-50 saves under 1 % of the peak memory and costs "
+        f"{range_text([100 * value for value in costs], lambda value: f'{value:.1f}')} % of the speed over every "
+        "committed launch, most in fairscale (why: `docs/sharding.md`). Ratios come only from runs of one machine, "
+        "commit and software; ranges cover every committed repeat. The full generated report of every committed "
+        "result is `docs/results.md`; `docs/performance.md` answers the speed questions.")
+
+
+def performance_answers(e):
+    """docs/performance.md's answers table."""
+    default, fastest = e.pick(), e.pick(**FASTEST)
+    two, two_nobb = e.pick(world_size=2), e.pick(world_size=2, broadcast_buffers=False)
+    compiled_base = e.pick(compile_mode="default")
+    compiled = e.pick(**COMPILED_TWO, bucket_cap_mb=50.0, broadcast_buffers=False)
+    every_compiled = e.pick(**{**COMPILED_TWO, "compiled_ddp": ANY}, bucket_cap_mb=ANY, broadcast_buffers=ANY)
+    small = {"batch_size_per_device": 32}
+    twins = [("1 GPU, 256", e.pick(**TWIN), default),
+             ("2 GPUs, 256, DDP on the current stream", e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=False,
+                                                               lightning_sigterm_sync=False), two),
+             ("2 GPUs, 256, DDP on Lightning's side stream (stock's)",
+              e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False), two),
+             ("1 GPU, 32, `--compile --cuda-graphs`", e.pick(**TWIN, **small, compile_mode="default", cuda_graphs=True),
+              e.pick(**small, compile_mode="default", cuda_graphs=True)),
+             ("1 GPU, the fastest mode", e.pick(**TWIN, **FASTEST), fastest)]
+    rows = [
+        ["default speed, one H200, 256 images", f"{rates_text(default)}, MFU {mfu_text(default)} (eager, bf16, "
+         "channels_last)", "[What a result's numbers are worth](#what-a-results-numbers-are-worth)"],
+        ["fastest measured, one H200", f"{median_text(fastest)}, MFU {mfu_text(fastest)}; against the default on "
+         f"the same GPU: {ratio_of(fastest, default)}", "[The fastest mode](#the-fastest-mode)"],
+        ["two GPUs, eager", f"{scaling_of(two_nobb, default)} scaling with `--no-broadcast-buffers`, "
+         f"{scaling_of(two, default)} with the scripts' defaults", "[Two GPUs](#two-gpus-scaling)"],
+        ["two GPUs, compiled", f"{scaling_of(compiled, compiled_base)} with 50 MB buckets and no buffer broadcast; "
+         f"{scaling_of(every_compiled, compiled_base)} over every compiled 2-GPU run: the compiled step runs at the "
+         "H200's 700 W power limit", "[Compiled](#compiled-steps-on-two-gpus)"],
+        ["32 images per GPU", f"eager is host-bound ({rates_text(e.pick(**small))}); captured "
+         f"{rates_text(e.pick(**small, cuda_graphs=True))}, compiled and captured "
+         f"{rates_text(e.pick(**small, compile_mode='default', cuda_graphs=True))}",
+         "[32 images](#one-gpu-32-images-host-bound)"],
+        ["the twin against native", "; ".join(f"{label}: {ratio_of(twin, native)}" for label, twin, native in twins)
+         + f"; host-bound, 1 GPU, 32 eager, interleaved in one process: {INTERLEAVED[0]}",
+         "[The twin](#the-lightning-twin-in-these-modes)"]]
+    return table(["question", "answer", "evidence"], rows)
+
+
+ONE_GPU_MODES = [  # docs/performance.md's one-GPU table: (mode, settings, bold)
+    ("eager fp32 with TF32 (`--precision fp32`)", {"precision": "fp32"}, False),
+    ("eager bf16, channels_last (the default)", {}, True),
+    ("eager bf16, `--cuda-graphs`", {"cuda_graphs": True}, False),
+    ("eager fp16 with PyTorch's GradScaler (`--precision fp16`)", {"precision": "fp16", "loss_scale": "dynamic"},
+     False),
+    ("eager fp16, `--loss-scale 1024`", {"precision": "fp16", "loss_scale": 1024.0}, False),
+    ("`--compile`, bf16", {"compile_mode": "default"}, False),
+    ("`--compile`, fp16 with the GradScaler", {"compile_mode": "default", "precision": "fp16", "loss_scale": "dynamic"},
+     False),
+    ("`--compile --cuda-graphs`, bf16", {"compile_mode": "default", "cuda_graphs": True}, False),
+    ("`--compile --cuda-graphs`, bf16, 512 images", {"compile_mode": "default", "cuda_graphs": True,
+                                                     "batch_size_per_device": 512}, False),
+    ("`--compile --cuda-graphs --coordinate-descent-tuning`, bf16", {"compile_mode": "default", "cuda_graphs": True,
+                                                                      "coordinate_descent_tuning": True}, False),
+    ("`--compile-mode max-autotune-no-cudagraphs --cuda-graphs`, bf16, convolutions left to cuDNN "
+     "(`TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS=ATEN`)",
+     {"compile_mode": "max-autotune-no-cudagraphs", "cuda_graphs": True, "coordinate_descent_tuning": True,
+      "inductor_environment": {"TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS": "ATEN"}}, False),
+    ("`--compile --cuda-graphs --coordinate-descent-tuning`, fp16 `--loss-scale 1024`",
+     {key: value for key, value in FASTEST.items() if key not in COMPUTATION_SETTINGS}, False),
+    ("+ `--space-to-depth-stem --dense-max-pool-backward`", {**FASTEST, "batch_norm": "torchvision"}, False),
+    ("+ `--sums-batch-norm`: the fastest mode", FASTEST, True)]
+
+
+def one_gpu_answers(e):
+    """docs/performance.md's one-GPU table: every repeat of each mode, against the default on the same GPU."""
+    default, rows = e.pick(), []
+    for mode, settings, bold in ONE_GPU_MODES:
+        runs = e.pick(**settings)
+        rates = [rate(run) for run in runs]
+        figure = "not measured" if not runs else f"{rates[0]:,.0f} ({counted(runs)})" if len(runs) == 1 else \
+            f"{statistics.median(rates):,.0f} ({range_text(rates, lambda value: f'{value:,.0f}')}; {counted(runs)})"
+        against = "1.00" if not settings else ratio_of(runs, default)
+        strong = (lambda text: f"**{text}**") if bold else (lambda text: text)
+        rows.append([strong(mode), strong(figure), against, mfu_text(runs), e.files(runs, limit=2)])
+    return table(["mode (options)", "img/s: median (range; runs)", "× default (same GPU, commit and software)", "MFU",
+                  "files"], rows)
+
+
+def sharding_answers(e):
+    """docs/sharding.md's table of one launch at 224 px (SGD), each strategy also over every launch like it."""
+    members = next(members for members in e.launches
+                   if members[0]["path"].name.startswith("x5-sharding-2gpu-bf16-256-sgd-"))
+    baseline = next(run for run in members if run["config"].strategy == "ddp")
+    rows = []
+    for run in members:
+        analysis = run["analysis"] or {}
+        phases = phase_ms(analysis)
+        syncs = [phases[name] for name in ("parameter_sync", "parameter_sync_before_forward") if phases[name]]
+        host = analysis.get("host_phase_sum_ms_median_per_rank") or []
+        ratios, used = e.sharding(run["config"].strategy, **SHARDING_SGD) if run is not baseline else ([1.0], [run])
+        saved = baseline["peak_allocated_mib"] - run["peak_allocated_mib"]
+        rows.append([run["config"].strategy, rank0_cell(row_of([run], "ok")), versus_ddp(run, baseline),
+                     launches_text(ratios, used) if run is not baseline else "100.0 %",
+                     " / ".join(format_number(phases[name], 2) for name in ("forward", "backward", "optimizer_step"))
+                     + f" / {format_number(sum(syncs) if syncs else None, 2)}",
+                     " / ".join(format_number(value, 1) for value in host) or "–",
+                     format_number(analysis.get("phase_sum_ms_median"), 1), collectives_cells(analysis)[0],
+                     f"{format_mib(run['peak_allocated_mib'])}" + (f" ({saved:,.0f})" if run is not baseline else "")])
+    return table(["strategy", "img/s (rank 0) ± MAD", "vs ddp", "vs ddp, every launch like it",
+                  "forward / backward / step / sync ms", "host ms per step", "GPU ms per step", "collectives per step",
+                  "peak MiB (saved)"], rows)
+
+
+def lightning_answers(e):
+    """lightning/README.md's cost table: each twin run against the native runs of its machine, commit and software."""
+    two, no_views = e.pick(world_size=2), e.pick(world_size=2, gradient_as_bucket_view=False)
+    twin_two = {**TWIN, "world_size": 2}
+    cases = [("stock pieces both (side stream, SIGTERM broadcast; bucket views off)",
+              e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
+                     lightning_ddp_side_stream=ANY), no_views),
+             ("side stream only (no broadcast; bucket views off)",
+              e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=False,
+                     lightning_ddp_side_stream=ANY), no_views),
+             ("side stream only (bucket views on)",
+              e.pick(**twin_two, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False), two),
+             ("DDP on the current stream, no broadcast (the matched variant's pieces)",
+              e.pick(**twin_two, lightning_ddp_side_stream=False, lightning_sigterm_sync=False), two),
+             ("one GPU (no DDP, no broadcast: stock and matched run alike)", e.pick(**TWIN), e.pick())]
+    rows = []
+    for label, twins, natives in cases:
+        partners = [base for base in natives if any(unlike(run, base) is None for run in twins)] or natives
+        rows.append([label, rates_text(twins), rates_text(partners), ratio_of(twins, natives),
+                     e.files(twins, partners, limit=4)])
+    return table(["run (256 per GPU)", "Lightning img/s", "native img/s (its partners, else every one)",
+                  "Lightning / native", "files"], rows)
+
+
+def answer_blocks(evidence_of):
+    """{name: (document, text)} of every generated block."""
+    return {"summary": ("README.md", summary_answers(evidence_of("README.md"))),
+            "performance": ("docs/performance.md", performance_answers(evidence_of("docs/performance.md"))),
+            "one-gpu": ("docs/performance.md", one_gpu_answers(evidence_of("docs/performance.md"))),
+            "sharding": ("docs/sharding.md", sharding_answers(evidence_of("docs/sharding.md"))),
+            "lightning-cost": ("lightning/README.md", lightning_answers(evidence_of("lightning/README.md")))}
+
+
+def regenerated(document, text, blocks):
+    """The document's text with each of its marked blocks replaced by its generated text."""
+    def replace(match):
+        name = match["name"]
+        if name not in blocks or blocks[name][0] != document:
+            raise UsageError(f"{document}: no generated answers named {name!r}")
+        return f"{match['open']}{blocks[name][1].rstrip()}\n{match['close']}"
+    return ANSWER_BLOCK.sub(replace, text)
+
+
+def answers(runs, check, root=REPOSITORY):
+    """Regenerate (or check) the marked blocks of the answer documents under root; returns the exit code."""
+    blocks = answer_blocks(lambda document: Evidence(runs, document, root))
+    found, stale = set(), []
+    for document in ANSWER_DOCUMENTS:
+        path = pathlib.Path(root) / document
+        old = read_text(path, "--answers")
+        found |= {match["name"] for match in ANSWER_BLOCK.finditer(old)}
+        new = regenerated(document, old, blocks)
+        if new == old:
+            continue
+        if check:
+            stale.append(document)
+        else:
+            write_text(path, new, "--answers")
+            print(f"wrote {document}")
+    missing = sorted(set(blocks) - found)
+    if missing:
+        raise UsageError(f"no markers for the generated answers {', '.join(missing)} in {', '.join(ANSWER_DOCUMENTS)}")
+    if stale:
+        print(f"stale generated answers in {', '.join(stale)}: run python report.py --answers", file=sys.stderr)
+        return EXIT_FAILED
+    if check:
+        print(f"the generated answers in {', '.join(ANSWER_DOCUMENTS)} agree with the results")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- regression check
 
 def parse_tolerance(text):
@@ -1509,7 +1960,8 @@ def check_against(runs, reference_runs, tolerance, reference_path):
         name, run = unmatched[0]
         template = "incomparable: no result in {where} has the configuration of {name}; the nearest differs in "
         raise UsageError(fitted(mismatch_starts(template, name, reference_path),
-                                nearest_difference(run["config"], references), limit=MAX_LINE - len("report.py: error: ")))
+                                nearest_difference(run["config"], references),
+                                limit=MAX_LINE - len("report.py: error: ")))
     template = ("report.py: warning: {name}: not checked, no reference in {where} with its configuration; the nearest "
                 "differs in ")
     for name, run in unmatched:
@@ -1590,7 +2042,18 @@ def parse_arguments(argv=None):
     parser.add_argument("--tolerance", help="allowed throughput drop and memory rise, 5%% or 0.05 (default 5%%)")
     parser.add_argument("--check-markdown", metavar="FILE.md", help="exit 1 when this file differs from what "
                                                                    "--markdown would write there")
+    parser.add_argument("--answers", action="store_true", help="regenerate the marked answer tables of README.md, "
+                                                               "docs/performance.md, docs/sharding.md and "
+                                                               "lightning/README.md from the results (default: "
+                                                               "results/)")
+    parser.add_argument("--check-answers", action="store_true", help="exit 1 when one of those tables differs from "
+                                                                     "what --answers would write")
     args = parser.parse_args(argv)
+    answering = args.answers or args.check_answers
+    if answering and (args.markdown or args.sharding or args.plots or args.check_against):
+        raise UsageError("--answers and --check-answers combine only with --check-markdown")
+    if answering and not args.paths:
+        args.paths = [str(REPOSITORY / "results")]
     if not args.paths:
         raise UsageError("the following arguments are required: PATH")
     if args.tolerance is not None and not args.check_against:
@@ -1615,7 +2078,7 @@ def check_markdown_file(runs, comparisons, args):
 def main(argv=None):
     args = parse_arguments(argv)
     runs, comparisons = load_documents(args.paths)
-    file_mode = args.markdown or args.check_markdown
+    file_mode = args.markdown or args.check_markdown or args.answers or args.check_answers
     # A Markdown file may say that there are no results yet; every other use needs some.
     if not runs and not file_mode:
         raise UsageError(f"no result files in {', '.join(args.paths)}")
@@ -1629,12 +2092,14 @@ def main(argv=None):
         prepare_plots(args.plots)
     if args.check_markdown:
         status = check_markdown_file(runs, comparisons, args)
+    if args.answers or args.check_answers:
+        status = max(status, answers(runs, check=args.check_answers))
     if args.markdown:
         write_text(args.markdown, markdown_document(runs, args.markdown, args.paths, comparisons)[0], "--markdown")
         print(f"wrote {args.markdown}")
     elif args.sharding:
         print(render_sharding(runs, pathlib.Path.cwd()), end="")
-    elif not args.check_markdown:
+    elif not (args.check_markdown or args.answers or args.check_answers):
         print(render_markdown(runs, pathlib.Path.cwd(), heading="##", comparisons=comparisons), end="")
     if args.plots:
         written, notes = write_plots(runs, args.plots)

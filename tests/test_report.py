@@ -432,9 +432,9 @@ def test_lightning_table_pairs_the_twins_of_one_configuration():
              ("2", native_two, native_two, rate("lightning-weak-2proc"))]
     # The desync run and the strong-scaling runs have no Lightning twin and stay out; results from before the
     # variant was recorded say so; each Lightning run against the median of its machine's native runs.
-    assert rows == [[size, "per device", "4", "ddp", shown(native), "lightning_ddp", "variant unknown",
+    assert rows == [[size, "per device", "4", "ddp", shown(native), "lightning_ddp", variant,
                      shown(lightning), f"{lightning / base:.3f} (1 run, 1 machine; {UNKNOWN})", "n/a", "n/a", "–"]
-                    for size, native, base, lightning in pairs]
+                    for (size, native, base, lightning), variant in zip(pairs, ["n/a (1 rank)", "variant unknown"])]
 
 
 def test_ratios_are_taken_only_on_one_machine_commit_and_software(tmp_path):
@@ -477,6 +477,40 @@ def test_scaling_uses_one_gpu_runs_on_the_larger_runs_own_gpus(tmp_path):
     assert rows[1][7:] == ["2.00×", "2.00×", "100.0 % (1 run, 1 machine)"]  # 190 / (100 + 90)
 
 
+def test_ddp_options_change_nothing_on_one_rank(tmp_path):
+    """One rank builds no DDP: a one-rank run with DDP's options is a repeat of the default, and the base of the
+    two-rank runs with and without them."""
+    one, two = steady(fixture("native-weak-1proc")), steady(fixture("native-weak-2proc-a"))
+    quiet = copy.deepcopy(one)
+    quiet["config"].update(broadcast_buffers=False, bucket_cap_mb=50.0)
+    write(tmp_path / "one.json", on_gpus(rated(one, 100.0), "GPU-a"))
+    write(tmp_path / "one-quiet.json", on_gpus(rated(quiet, 100.0), "GPU-b"))
+    write(tmp_path / "two.json", on_gpus(rated(two, 190.0), "GPU-a", "GPU-b"))
+    quiet_two = copy.deepcopy(two)
+    quiet_two["config"].update(broadcast_buffers=False)
+    write(tmp_path / "two-quiet.json", on_gpus(rated(quiet_two, 196.0), "GPU-a", "GPU-b"))
+    markdown = run_report(tmp_path).stdout
+    rows = table_rows(markdown, "All configurations")
+    assert [(row[1], row[2], row[11]) for row in rows] == [
+        ("ddp", "1", "2 runs, 1 machine"), ("ddp (broadcast_buffers=false)", "2", "1 run, 1 machine"),
+        ("ddp", "2", "1 run, 1 machine")]
+    assert [(row[1], row[9]) for row in table_rows(markdown, "Weak scaling")] == [
+        ("ddp", "100.0 %"), ("ddp (broadcast_buffers=false)", "98.0 % (1 run, 1 machine)"),
+        ("ddp", "95.0 % (1 run, 1 machine)")]
+
+
+def test_nccl_tuning_variables_make_a_configuration_of_their_own(tmp_path, committed):
+    tuned = steady(fixture("native-weak-2proc-a"))
+    tuned["software"]["environment"] = {"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "INFO"}
+    write(tmp_path / "tuned.json", tuned)
+    write(tmp_path / "plain.json", fixture("native-weak-2proc-b"))
+    rows = table_rows(run_report(tmp_path).stdout, "All configurations")
+    assert sorted(row[1] for row in rows) == ["ddp", 'ddp (nccl_environment={"NCCL_P2P_DISABLE": "1"})']
+    # A committed run older than the recording of the environment, from its campaign's commands.txt.
+    [run] = [run for run in committed[0] if run["path"].name == "ddp2-native-2gpu-bf16-256-bv-nch4.json"]
+    assert dict(run["config"].options)["nccl_environment"] == '{"NCCL_MAX_NCHANNELS": "4"}'
+
+
 def test_pre_variant_lightning_results_read_variant_unknown_and_stay_apart(tmp_path):
     for name in ("native-weak-1proc", "native-weak-2proc-a", "lightning-weak-1proc", "lightning-weak-2proc"):
         write(tmp_path / f"{name}.json", fixture(name))
@@ -486,13 +520,13 @@ def test_pre_variant_lightning_results_read_variant_unknown_and_stay_apart(tmp_p
     write(tmp_path / "lightning-matched.json", matched)
     markdown = run_report(tmp_path).stdout
     lightning = [row for row in table_rows(markdown, "All configurations") if row[0] == "lightning/ddp_resnet50.py"]
-    # Each variant a configuration of its own; the twin's default, stock, goes without saying.
+    # Each variant a configuration of its own on two ranks; the twin's default, stock, goes without saying. One rank
+    # builds no DDP: the variants are the same run there.
     assert [(row[1], row[2], row[11]) for row in lightning] == [
-        ("lightning_ddp (lightning_variant=matched)", "2", "1 run, 1 machine"),
-        ("lightning_ddp", "2", "1 run, 1 machine"), ("lightning_ddp (variant unknown)", "1", "1 run, 1 machine"),
-        ("lightning_ddp (variant unknown)", "2", "1 run, 1 machine")]
+        ("lightning_ddp", "1", "1 run, 1 machine"), ("lightning_ddp (lightning_variant=matched)", "2", "1 run, 1 machine"),
+        ("lightning_ddp", "2", "1 run, 1 machine"), ("lightning_ddp (variant unknown)", "2", "1 run, 1 machine")]
     pairs = table_rows(markdown, "Lightning against native DDP")
-    assert [(row[0], row[6]) for row in pairs] == [("2", "matched"), ("2", "stock"), ("1", "variant unknown"),
+    assert [(row[0], row[6]) for row in pairs] == [("1", "n/a (1 rank)"), ("2", "matched"), ("2", "stock"),
                                                    ("2", "variant unknown")]
     reference = FIXTURES / "lightning-weak-2proc.json"
     proc = run_report(tmp_path / "lightning-matched.json", "--check-against", reference)
@@ -904,6 +938,53 @@ def test_the_command_line_gives_one_line_and_exit_2():
     proc = run_report_process("/no/such/folder")
     assert proc.returncode == 2 and proc.stdout == ""
     assert one_error_line(proc.stderr) == ["report.py: error: /no/such/folder: no such file or folder"]
+
+
+# ---------------------------------------------------------------------------- generated answers
+
+def answer_copy(tmp_path, committed):
+    """The answer documents copied under tmp_path, and the committed runs as if they lay there too."""
+    for document in report.ANSWER_DOCUMENTS:
+        (tmp_path / document).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / document).write_text((ROOT / document).read_text())
+    return [{**run, "path": tmp_path / run["path"].relative_to(ROOT)} for run in committed[0]]
+
+
+def test_generated_answers_agree_with_the_committed_results(committed, capsys):
+    """A headline figure of README.md, docs/performance.md, docs/sharding.md or lightning/README.md edited by hand
+    fails this test: the blocks between their answers markers are what --answers writes from results/."""
+    assert report.answers(committed[0], check=True) == 0, "stale answers: run python report.py --answers"
+    assert "agree with the results" in capsys.readouterr().out
+
+
+def test_an_answer_edited_by_hand_is_stale_and_regenerated(tmp_path, committed, capsys):
+    runs = answer_copy(tmp_path, committed)
+    readme = tmp_path / "README.md"
+    original = readme.read_text()
+    assert "| DDP speed | 1 GPU, eager (the default) | 4,698–4,751 img/s (27 runs on 14 machines) |" in original
+    readme.write_text(original.replace("4,698–4,751 img/s (27 runs", "4,751 img/s (27 runs"))
+    assert report.answers(runs, check=True, root=tmp_path) == 1
+    assert capsys.readouterr().err == ("stale generated answers in README.md: run python report.py --answers\n")
+    assert report.answers(runs, check=False, root=tmp_path) == 0
+    assert readme.read_text() == original  # regenerated; the prose outside the markers untouched
+    readme.write_text(original.replace("<!-- answers:summary -->", "<!-- answers:summery -->").replace(
+        "<!-- /answers:summary -->", "<!-- /answers:summery -->"))
+    with pytest.raises(report.UsageError, match="README.md: no generated answers named 'summery'"):
+        report.answers(runs, check=True, root=tmp_path)
+
+
+def test_answers_follow_the_pairing_rules(committed):
+    """The honest versions: a range over every repeat with its count, and a pair of two machines only labelled."""
+    runs = committed[0]
+    default = report.pick(runs)
+    assert len(default) > 20 and all(run["config"].world_size == 1 for run in default)
+    assert report.rates_text(default).startswith("4,698–4,751 img/s (")
+    stock_pieces = report.pick(runs, **report.TWIN, world_size=2, gradient_as_bucket_view=False,
+                               lightning_sigterm_sync=True, lightning_ddp_side_stream=report.ANY)
+    no_views = report.pick(runs, world_size=2, gradient_as_bucket_view=False)
+    assert report.ratio_of(stock_pieces, no_views) == "0.913, across machines"  # never a headline figure
+    ratios, used = report.Evidence(runs, "README.md").sharding("oss_ddp", **report.SHARDING_SGD)
+    assert report.launches_text(ratios, used) == "90.6–93.4 % (3 launches on 3 machines)"  # not the best of them
 
 
 # ---------------------------------------------------------------------------- the Markdown file
