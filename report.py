@@ -1706,8 +1706,8 @@ def performance_answers(e):
         ["two GPUs, compiled", f"{scaling_of(compiled, compiled_base)} with 50 MB buckets and no buffer broadcast; "
          f"{scaling_of(every_compiled, compiled_base)} over every compiled 2-GPU run: the compiled step runs at the "
          "H200's 700 W power limit", "[Compiled](#compiled-steps-on-two-gpus)"],
-        ["32 images per GPU", f"eager is host-bound ({rates_text(e.pick(**small))}); captured "
-         f"{rates_text(e.pick(**small, cuda_graphs=True))}, compiled and captured "
+        ["32 images per GPU", f"eager is host-bound: {rates_text(e.pick(**small))}; captured "
+         f"{rates_text(e.pick(**small, cuda_graphs=True))}; compiled and captured "
          f"{rates_text(e.pick(**small, compile_mode='default', cuda_graphs=True))}",
          "[32 images](#one-gpu-32-images-host-bound)"],
         ["the twin against native", "; ".join(f"{label}: {ratio_of(twin, native)}" for label, twin, native in twins)
@@ -1751,7 +1751,8 @@ def one_gpu_answers(e):
             f"{statistics.median(rates):,.0f} ({range_text(rates, lambda value: f'{value:,.0f}')}; {counted(runs)})"
         against = "1.00" if not settings else ratio_of(runs, default)
         strong = (lambda text: f"**{text}**") if bold else (lambda text: text)
-        rows.append([strong(mode), strong(figure), against, mfu_text(runs), e.files(runs, limit=2)])
+        of_tf32 = " of TF32" if settings.get("precision") == "fp32" and runs else ""  # TF32's peak is the divisor
+        rows.append([strong(mode), strong(figure), against, mfu_text(runs) + of_tf32, e.files(runs, limit=2)])
     return table(["mode (options)", "img/s: median (range; runs)", "× default (same GPU, commit and software)", "MFU",
                   "files"], rows)
 
