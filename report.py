@@ -1,80 +1,131 @@
-"""Tables, plots and a regression check from the benchmarks' result files (schema/result.schema.json).
+"""Tables, plots, a regression check and the documents' generated answers from the benchmarks' result files.
 
     python report.py results/                                   # Markdown report on stdout
     python report.py results/ runs/ --markdown report.md --plots plots/
     python report.py runs/ci.json --check-against results/nvidia-h200-x2-2026-11-30b --tolerance 5%
+    python report.py runs/s-*.json --sharding                   # only the sharding tables of oss_benchmark.py
     python report.py results --markdown docs/results.md         # regenerate the committed report
     python report.py results --check-markdown docs/results.md   # exit 1 when that file is stale
+    python report.py --answers                                  # regenerate the documents' answer tables
+    python report.py --check-answers                            # exit 1 when one of them is stale
 
-Inputs are result files or folders, searched recursively for *.json (hidden files, such as a run's
-half-written .tmp-*.json, are left out). A file that cannot be read, is not JSON, is not a result or has
-another schema_version is skipped with a one-line warning on stderr; when every file is skipped, that is
-one error line.
+Inputs are result files or folders, searched recursively for *.json (hidden files, such as a run's half-written
+.tmp-*.json, are left out). Each file is validated with schema/result.schema.json (versions 1 and 2); a file that
+cannot be read, is not JSON, fails the schema or is nested too deeply is skipped with a one-line warning on stderr
+naming the first broken rule; when every file is skipped, that is one error line. Comparison files written by
+compare.py are not results: they feed the comparison table instead.
 
-A configuration is everything that changes what is measured: the device (GPU name, or the CPU), the torch
-version, model, image size, precision, memory format, compile mode, optimizer, then the benchmark, strategy,
-script-specific options (e.g. DDP's bucket size, the Lightning twin's variant; shown next to the strategy where
-they differ between runs), node count, world size, batch mode and batch sizes. Step counts, seeds, learning rate,
-timeouts and output paths are not part of it; an option a result does not record takes the value its script
-used before it was recorded (e.g. the Lightning twin's matched variant). Results with the same configuration are
-repeats: the ok ones become one row (the median of each figure over the repeats, and the spread
-(max - min) / median of their throughput, which says whether a re-run agrees within a few per cent); a result
-that did not end ok gets a row of its own, marked with its status, and is left out of every comparison. A row
-whose results found their own run unsteady (their stability says noisy: halves of the timed steps that differ,
-or a host-bound step) is marked "noisy: repeat or interleave".
+Every result is read through upgrade(), which turns an older file into the current format: the options its script
+did not record yet take the values that script used (benchmark_extras.py's defaults), its memory window is the
+timed steps, a Lightning result from before the variant was recorded reads "variant unknown", and a version-1 file
+gets a launch_id derived from what it has (see launch_id_of_version_1).
 
-Peak memory is compared only between results that took it over the same steps (their memory window: older
-results took it over the timed steps only); where a table mixes windows, each figure names its window.
+A configuration is everything that changes what is measured: the device (GPU name, or the CPU), the torch version,
+model, image size, precision, memory format, compile mode, optimizer, then the benchmark, strategy, script-specific
+options (shown next to the strategy where they tell rows apart), node count, world size, batch mode and batch
+sizes. Step counts, seeds, learning rate, timeouts and output paths are not part of it, nor are DDP's options on
+one rank (the native script and its twin build no DDP there), nor FSDP's options for the other strategies; NCCL's
+tuning variables in the recorded environment are (nccl_environment). Results with the same
+configuration are repeats: the ok ones become one row (the median of each figure, and the range of throughput
+over every repeat, with the number of runs and machines behind it); a result that did not end ok gets a row of its
+own, marked with its status, and is left out of every comparison. A row whose results found their own run
+unsteady (stability noisy: halves of the timed steps that differ, or a host-bound step) is marked "noisy: repeat
+or interleave"; results without a stability verdict say "stability unknown".
 
-Tables (Markdown): every configuration (rank 0's median throughput ± MAD, the all-GPU throughput, peak
-memory); weak scaling (efficiency = throughput at N / (N x throughput at 1)) and strong scaling (speed-up);
-Lightning over native DDP, with the twin's variant (stock or matched); the sharding strategies of
-oss_benchmark.py with the memory they save against its ddp strategy. Throughput is images of all ranks / wall
-time of the timed steps (`images_per_second`); peak memory is the largest `max_memory_allocated` over the ranks
-(none on the CPU).
+Pairing rules: a ratio (scaling, Lightning / native, strategy / ddp, option / default) is computed only between
+results of the same machine (the same GPU UUIDs; on the CPU the same hosts and CPU; for scaling, base runs on the
+larger run's own GPUs, covering all of them), the same git commit and the same software versions (torch, CUDA,
+cuDNN, NCCL, torchvision, Lightning, fairscale, where both record them). Each run of the numerator is divided by
+the median of its like-for-like denominators, and the range over those runs is printed with their count. A pair
+without such a partner is printed from the rows' medians and labelled "across machines" or "across
+commits/software"; it never makes a headline.
+
+Peak memory is compared only between results that took it over the same steps (their memory window).
+
+Tables (Markdown): every configuration (rank 0's median throughput ± MAD, the all-GPU throughput and its range,
+MFU, peak memory); weak and strong scaling (efficiency = throughput(N) / (N / N_base x throughput(N_base)), N_base
+the smallest count of the series); Lightning over native DDP, with the twin's variant; the sharding strategies of
+oss_benchmark.py, one table per launch (launch_id), each strategy against the ddp of its own launch, with the
+phases, host time, collectives and optimizer state of its analysis.
 
 Regression check: every current result is compared with the reference result(s) of the same configuration
-(software versions aside: catching what a new version costs is the point). A throughput drop or a peak
-memory rise beyond the tolerance, or a status other than ok, is a violation: one line each, exit 1. Several
-reference results of one configuration are repeats: the check compares with their median. A current result
-without a reference is reported and not checked; when that leaves nothing checked and nothing failed, the
-reference is incomparable (exit 2). Peak memory is only compared where both sides measured it (not on CPUs)
-over the same window.
+(software versions aside: catching what a new version costs is the point). A throughput drop or a peak memory rise
+beyond the tolerance, or a status other than ok, is a violation: one line each, exit 1. Several reference results
+of one configuration are repeats: the check compares with their median. A current result without a reference is
+reported with the fields in which the nearest reference differs; when that leaves nothing checked and nothing
+failed, the reference is incomparable (exit 2).
 
-Exit codes: 0 fine, 1 regression or stale Markdown file, 2 unusable invocation (one line on stderr).
+Generated answers: README.md, docs/performance.md, docs/sharding.md and lightning/README.md hold tables between
+<!-- answers:NAME --> and <!-- /answers:NAME --> that --answers regenerates from the committed results (results/)
+following the pairing rules; --check-answers exits 1 when one differs.
+
+Exit codes: 0 fine, 1 regression or stale file, 2 unusable invocation (one line on stderr).
 """
 
 import argparse
+import contextlib
+import functools
 import hashlib
 import json
 import math
+import os
 import pathlib
 import re
 import statistics
 import sys
+import tempfile
 from collections import defaultdict, namedtuple
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # the version upgrade() turns every result into
+READABLE_VERSIONS = (1, 2)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-STATUSES = ("ok", "oom", "desync", "error", "interrupted")
 NATIVE, LIGHTNING, OSS = "ddp_resnet50.py", "lightning/ddp_resnet50.py", "oss_benchmark.py"
 # oss_benchmark.py's strategies from the plainest to the most sharded; others follow alphabetically.
 SHARDING_ORDER = ("ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "zero1_overlap", "fsdp_zero2", "fsdp_zero3")
+COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
 REPOSITORY = pathlib.Path(__file__).resolve().parent
+SCHEMA_PATH = REPOSITORY / "schema" / "result.schema.json"
 NO_RESULTS = ("No results committed yet: run the benchmarks on a GPU machine, put the result files under "
               "`results/<machine kind>-<date>/` (see `results/README.md`) and run "
               "`python report.py results --markdown docs/results.md`.")
 # What a result's memory.window says when it is absent: the scripts took peak memory over the timed steps only.
 TIMED_STEPS = "timed steps"
-# The Lightning twin's variants; results from before the choice ran what is now called matched.
-LIGHTNING_VARIANTS, LIGHTNING_DEFAULT_VARIANT = ("stock", "matched"), "matched"
 NOISY = "noisy: repeat or interleave"
+UNKNOWN_STABILITY = "stability unknown"
+UNKNOWN_VARIANT = "variant unknown"
+ACROSS_MACHINES = "across machines"
+ACROSS_BUILDS = "across commits/software"
+NO_PEAK = "—"  # MFU where there is no peak to divide by (the CPU, a GPU without a datasheet figure)
+MAX_LINE = 200  # a check line's length at most
+
+# What benchmark_extras.py's options are when not given (tests/test_report.py ties them to its argparse defaults):
+# older results did not record every one of them, and ran these values.
+OPTION_DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
+                   "static_graph": False, "coordinate_descent_tuning": False, "comm_hook": "none",
+                   "cuda_graphs": False, "stem_conv": "torchvision", "max_pool_backward": "torchvision",
+                   "batch_norm": "torchvision"}
+# Options of DDP and of Lightning's DDP strategy: the native script and its twin build no DDP on one rank (and the
+# twin's variants differ only in DDP's stream and a broadcast between ranks), so on one rank they change nothing.
+DDP_OPTIONS = ("bucket_cap_mb", "gradient_as_bucket_view", "broadcast_buffers", "static_graph", "comm_hook",
+               "compiled_ddp", "lightning_variant", "lightning_ddp_side_stream", "lightning_sigterm_sync")
+# oss_benchmark.py options that only some strategies use: for the others they change nothing that is measured.
+STRATEGY_OPTIONS = {"fsdp_units": ("fsdp_zero2", "fsdp_zero3"), "fsdp_param_dtype": ("fsdp_zero2", "fsdp_zero3"),
+                    "sharded_reduce_buffer": ("oss_sharded_ddp",)}
+TORCH_CUDNN_BENCHMARK_LIMIT = 10  # torch.backends.cudnn.benchmark_limit's default (seen in torch 2.11 and 2.14)
+SOFTWARE = ("torch", "cuda", "cudnn", "nccl", "torchvision", "lightning", "fairscale")
 
 SETUP_FIELDS = ("device", "device_name", "torch", "model", "image_size", "precision", "memory_format",
                 "compile_mode", "optimizer")
 # Options that a result carries only when they were given: their absence is the default, not worth a word.
-ABSENT_BY_DEFAULT = {"inductor_environment"}
-TORCH_CUDNN_BENCHMARK_LIMIT = 10  # torch.backends.cudnn.benchmark_limit's default (seen in torch 2.11 and 2.14)
+ABSENT_BY_DEFAULT = {"inductor_environment", "nccl_environment"}
+# NCCL variables that do not tune a run: the machine's settings (NVLink multicast off where the machines are lent,
+# the container's NCCL version), logging, and the error handling the scripts set for CUDA graphs themselves.
+MACHINE_NCCL_VARIABLES = {"NCCL_NVLS_ENABLE", "NCCL_VERSION", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
+                          "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+# Environment variables that committed results older than the recording of the environment ran with, from their
+# campaign's commands.txt (relative to the results folder).
+UNRECORDED_ENVIRONMENT = {"nvidia-h200-x2-2026-11-30/ddp2-native-2gpu-bf16-256-bv-nch4.json":
+                          {"NCCL_MAX_NCHANNELS": "4"}}
 RUN_FIELDS = ("benchmark", "strategy", "options", "num_nodes", "world_size", "batch_mode",
               "batch_size_per_device", "global_batch_size")
 Config = namedtuple("Config", SETUP_FIELDS + RUN_FIELDS)
@@ -96,31 +147,8 @@ NOT_OPTIONS = {"benchmark", "strategy", "device", "backend", "model", "image_siz
                # from the optimizer and momentum).
                "optimizer_state_tensors_per_parameter",
                "phase_steps", "profile_steps", "trace_dir", "strategies_in_launch", "optimizer_kwargs"}
-
-# The fields this report reads, with the types it can work with (a subset of the schema).
-NUMBER, OPTIONAL_NUMBER, POSITIVE_INT = "number", "number or null", "positive integer"
-REQUIRED_FIELDS = [
-    ("benchmark", str), ("strategy", str), ("status", str), ("config", dict), ("world", dict),
-    ("config.device", str), ("config.image_size", POSITIVE_INT), ("config.batch_mode", str),
-    ("config.batch_size_per_device", POSITIVE_INT), ("config.global_batch_size", POSITIVE_INT),
-    ("config.precision", str), ("config.memory_format", str), ("config.optimizer", str),
-    ("world.world_size", POSITIVE_INT), ("world.num_nodes", POSITIVE_INT),
-]
-# An ok result is compared with others: it needs its throughput figures.
-OK_FIELDS = ["throughput.images_per_second", "throughput.rank0_median_images_per_second",
-             "throughput.rank0_mad_images_per_second"]
-OPTIONAL_FIELDS = [
-    ("config.model", str), ("config.compile_mode", str), ("software", dict), ("software.torch", str),
-    ("software.environment", dict),
-    ("hardware", dict), ("hardware.ranks", list), ("hardware.cpu", str), ("failure", dict),
-    ("failure.message", str), ("throughput", dict), ("memory", dict),
-    ("throughput.images_per_second", NUMBER), ("throughput.rank0_median_images_per_second", NUMBER),
-    ("throughput.rank0_mad_images_per_second", NUMBER), ("memory.peak_allocated_mib", OPTIONAL_NUMBER),
-    ("memory.peak_reserved_mib", OPTIONAL_NUMBER), ("memory.window", str), ("step_times_ms_per_rank", list),
-    ("stability", dict), ("stability.noisy", bool), ("stability.reason", str),
-    ("stability.second_half_over_first", NUMBER), ("stability.host_lead_ms_median", NUMBER),
-    ("config.lightning_variant", str),
-]
+# A list of plain values longer than this is validated through a sample (schema_sample).
+SAMPLED_LIST_LENGTH = 16
 
 
 class UsageError(Exception):
@@ -156,78 +184,196 @@ def is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def lookup(result, dotted):
-    value = result
-    for part in dotted.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return KeyError
-        value = value[part]
-    return value
+def is_comparison(document):
+    """A comparison file of compare.py (B against A over paired rounds), not a benchmark result."""
+    return isinstance(document, dict) and (document.get("tool") == "compare.py"
+                                           or {"ratio", "interval_95", "rounds"} <= document.keys())
 
 
-def has_type(value, expected):
-    if expected == NUMBER:
-        return is_number(value)
-    if expected == OPTIONAL_NUMBER:
-        return value is None or is_number(value)
-    if expected == POSITIVE_INT:
-        return isinstance(value, int) and not isinstance(value, bool) and value > 0
-    return isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+@functools.lru_cache(maxsize=1)
+def result_validator():
+    try:
+        import jsonschema
+    except ImportError:
+        raise UsageError("reading result files needs jsonschema: pip install jsonschema "
+                         "(or pip install -e '.[report]')") from None
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text(encoding="utf-8")))
 
 
-def problem_with(result):
-    """Why a parsed JSON document cannot be read as a result, or None."""
-    if not isinstance(result, dict) or "schema_version" not in result:
-        return "not a benchmark result (no schema_version)"
-    if result["schema_version"] != SCHEMA_VERSION:
-        return f"schema_version {result['schema_version']!r}, this report reads version {SCHEMA_VERSION}"
-    for dotted, expected in REQUIRED_FIELDS:
-        value = lookup(result, dotted)
-        if value is KeyError:
-            return f"not a benchmark result ({dotted} is missing)"
-        if not has_type(value, expected):
-            return f"{dotted} is {value!r}, not a {getattr(expected, '__name__', expected)}"
-    for dotted, expected in OPTIONAL_FIELDS:
-        value = lookup(result, dotted)
-        if value is not KeyError and value is not None and not has_type(value, expected):
-            return f"{dotted} is {value!r}, not a {getattr(expected, '__name__', expected)}"
-    if result["status"] not in STATUSES:
-        return f"status {result['status']!r} is none of {', '.join(STATUSES)}"
-    if result["config"]["batch_mode"] not in ("per_device", "global"):
-        return f"config.batch_mode {result['config']['batch_mode']!r} is neither per_device nor global"
-    if result["config"].get("lightning_variant", LIGHTNING_DEFAULT_VARIANT) not in LIGHTNING_VARIANTS:
-        return (f"config.lightning_variant {result['config']['lightning_variant']!r} is none of "
-                f"{', '.join(LIGHTNING_VARIANTS)}")
-    if result["status"] == "ok":
-        missing = [dotted for dotted in OK_FIELDS if lookup(result, dotted) in (KeyError, None)]
-        if missing:
-            return f"status ok but {missing[0]} is missing"
-        if not result["throughput"]["images_per_second"] > 0:
-            return "status ok but throughput.images_per_second is not positive"
-    per_rank = result.get("step_times_ms_per_rank") or []
-    if not all(isinstance(times, list) and all(is_number(t) for t in times) for times in per_rank):
-        return "step_times_ms_per_rank is not a list of lists of numbers"
+def schema_sample(value):
+    """The document with each long list of plain values cut to a sample: one value of each type, and the smallest
+    and largest number. The schema's rules on such lists (step times, losses, host leads) are per-value types and
+    bounds, so the sample breaks a rule exactly when the list does, and validation takes a fraction of the time."""
+    if isinstance(value, dict):
+        return {key: schema_sample(item) for key, item in value.items()}
+    if not isinstance(value, list):
+        return value
+    if len(value) <= SAMPLED_LIST_LENGTH or any(isinstance(item, (dict, list)) for item in value):
+        return [schema_sample(item) for item in value]
+    kinds = {}
+    for item in value:
+        kinds.setdefault(type(item), item)
+    numbers = [item for item in value if type(item) in (int, float)]
+    return list(kinds.values()) + ([min(numbers), max(numbers)] if numbers else [])
+
+
+def schema_problem(document):
+    """The first rule of the schema that the document breaks, in one short phrase, or None."""
+    validator = result_validator()
+    if validator.is_valid(schema_sample(document)):
+        return None
+    import jsonschema
+    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+    where = ".".join(map(str, error.absolute_path)) or "the top level"
+    message = error.message if len(error.message) <= 100 else error.message[:97] + "..."
+    return f"{where}: {message}"
+
+
+def semantic_problem(result):
+    """Rules the schema cannot state: fields that must agree with each other, figures that must be finite."""
+    config, world = result["config"], result["world"]
+    for field in ("benchmark", "strategy"):
+        if config[field] != result[field]:
+            return f"config.{field} {config[field]!r} differs from {field} {result[field]!r}"
+    if config["global_batch_size"] != config["batch_size_per_device"] * world["world_size"]:
+        return "config.global_batch_size is not config.batch_size_per_device x world.world_size"
+    throughput = result.get("throughput") or {}
+    for field in ("images_per_second", "rank0_median_images_per_second", "rank0_mad_images_per_second"):
+        if field in throughput and not is_number(throughput[field]):
+            return f"throughput.{field} is {throughput[field]!r}, not a finite number"
     return None
 
 
-def read_result_file(path):
-    """(result, None) or (None, why it was skipped)."""
+def document_problem(document):
+    """Why a parsed JSON document cannot be read as a result, or None."""
+    if not isinstance(document, dict) or "schema_version" not in document:
+        return "not a benchmark result (no schema_version)"
+    if document["schema_version"] not in READABLE_VERSIONS:
+        return (f"schema_version {document['schema_version']!r}, this report reads versions "
+                f"{' and '.join(map(str, READABLE_VERSIONS))}")
+    return schema_problem(document) or semantic_problem(document)
+
+
+def read_json(path):
+    """(document, None) or (None, why it cannot be read)."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         return None, f"cannot be read ({error.__class__.__name__}: {error})"
     try:
-        result = json.loads(text)
+        return json.loads(text), None
+    except RecursionError:
+        return None, "not readable JSON (nested too deeply)"
     except ValueError as error:
         return None, f"not JSON ({error})"
-    problem = problem_with(result)
-    return (None, problem) if problem else (result, None)
 
 
-def options_of(config):
-    """Script-specific settings as a hashable, sorted tuple of (name, JSON text)."""
-    return tuple(sorted((name, json.dumps(value, sort_keys=True)) for name, value in config.items()
-                        if name not in NOT_OPTIONS))
+def read_result_file(path):
+    """(result in the current format, None) or (None, why it was skipped)."""
+    document, problem = read_json(pathlib.Path(path))
+    if problem:
+        return None, problem
+    if is_comparison(document):
+        return None, "a comparison (compare.py), not a result"
+    try:
+        problem = document_problem(document)
+    except RecursionError:
+        problem = "nested too deeply"
+    return (None, problem) if problem else (upgrade(document, path), None)
+
+
+# ---------------------------------------------------------------------------- older formats
+
+def upgrade(result, path=None):
+    """A valid result of any readable version in the current format (a new dict; the input is left alone), so
+    that the rest of this report reads one format:
+    - launch_id: a version-1 file's is derived from what it records (launch_id_of_version_1);
+    - config: the options its script did not record yet, with the values the script used (unrecorded_options),
+      and the environment of a committed result that did not record it (UNRECORDED_ENVIRONMENT, by its path);
+    - memory.window: results without one took their peaks over the timed steps;
+    - stability: null where the file has none (read as "stability unknown");
+    - schema_version: SCHEMA_VERSION."""
+    upgraded = dict(result)
+    if result["schema_version"] == 1:
+        upgraded["launch_id"] = launch_id_of_version_1(result)
+    environment = (result.get("software") or {}).get("environment")
+    if environment is None and path is not None:
+        environment = UNRECORDED_ENVIRONMENT.get("/".join(pathlib.Path(path).parts[-2:]))
+    upgraded["config"] = unrecorded_options(result["config"], result["benchmark"], result["world"]["world_size"],
+                                            environment)
+    if isinstance(result.get("memory"), dict) and "window" not in result["memory"]:
+        upgraded["memory"] = {**result["memory"], "window": TIMED_STEPS}
+    upgraded.setdefault("stability", None)
+    upgraded["schema_version"] = SCHEMA_VERSION
+    return upgraded
+
+
+def launch_id_of_version_1(result):
+    """Version 1 has no launch_id. Every result of one oss_benchmark.py launch names the launch's --output with
+    -<strategy> added before .json, and shares its commit and day, so the launch is
+    "v1:<benchmark>:<output without -<strategy>>@<git commit>@<date of started_at>". (A result of the other scripts
+    is a launch of its own: its output path stands as written.)"""
+    output = result["config"].get("output") or ""
+    suffix = f"-{result['strategy']}.json"
+    if result["benchmark"] == OSS and output.endswith(suffix):
+        output = output[:-len(suffix)] + ".json"
+    return f"v1:{result['benchmark']}:{output}@{result['git'].get('commit')}@{result['started_at'][:10]}"
+
+
+def unrecorded_options(config, benchmark, world_size, environment=None):
+    """The recorded options, with what a run used where it recorded nothing:
+    - benchmark_extras.py's options recorded since they were added (--comm-hook, --broadcast-buffers, the
+      computation options): their defaults, OPTION_DEFAULTS (the sharding benchmark computes torchvision's model);
+    - the fp16 loss scale (recorded since --loss-scale): dynamic where the GradScaler ran, none otherwise;
+    - the compiled-DDP mode: a compiled run over several ranks split its graph at DDP's buckets (PyTorch's
+      default, ddp_optimizer), in the native script and in the Lightning twin alike;
+    - Inductor's coordinate-descent tuning (recorded since --coordinate-descent-tuning): on in the max-autotune
+      modes and under TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, off otherwise;
+    - any other TORCHINDUCTOR_ variable the run was given (its cache folder aside), as inductor_environment:
+      it changes what Inductor generates; NCCL's tuning variables (the machine's own settings and logging aside), as
+      nccl_environment: they change how the gradients travel;
+    - cuDNN's autotuning limit (null where a script left it alone): PyTorch's default where cuDNN autotuned;
+    - the Lightning twin's variant (recorded since the twin ran Lightning's stock loop as well): unknown (null),
+      since the twin's pieces changed over the results written before the choice."""
+    config, environment = dict(config), environment or {}
+    if config.get("loss_scale") is None:
+        config["loss_scale"] = "dynamic" if config.get("grad_scaler") else None
+    if benchmark == LIGHTNING:
+        config.setdefault("lightning_variant", None)
+    if (config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config
+            and benchmark in (NATIVE, LIGHTNING)):
+        config["compiled_ddp"] = "ddp_optimizer"
+    if "coordinate_descent_tuning" not in config:
+        config["coordinate_descent_tuning"] = bool(config.get("compile")) and (
+            environment.get("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "0").lower() in ("1", "true")
+            or str(config.get("compile_mode")).startswith("max-autotune"))
+    for name, value in OPTION_DEFAULTS.items():
+        config.setdefault(name, value)
+    if config.get("cudnn_benchmark_limit") is None:
+        config["cudnn_benchmark_limit"] = TORCH_CUDNN_BENCHMARK_LIMIT if config.get("cudnn_benchmark") else None
+    inductor = {name: value for name, value in environment.items() if name.startswith("TORCHINDUCTOR_")
+                and name not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING")}
+    if inductor:
+        config["inductor_environment"] = inductor
+    nccl = {name: value for name, value in environment.items()
+            if name.startswith(("NCCL_", "TORCH_NCCL_")) and name not in MACHINE_NCCL_VARIABLES}
+    if nccl:
+        config["nccl_environment"] = nccl
+    return config
+
+
+# ---------------------------------------------------------------------------- runs
+
+def devices_of(result):
+    """What identifies the machine a run used: its GPUs' UUIDs, or on the CPU its hosts with their CPU model;
+    empty where the result does not say (a run that failed before it looked at its hardware)."""
+    hardware = result.get("hardware") or {}
+    if result["config"]["device"] == "cuda":
+        uuids = [rank.get("gpu_uuid") for rank in hardware.get("ranks") or [] if isinstance(rank, dict)]
+        known = uuids and all(isinstance(uuid, str) and uuid for uuid in uuids)
+        return frozenset(uuids) if known else frozenset()
+    hosts = [host for host in hardware.get("hostnames") or [] if isinstance(host, str)]
+    return frozenset(f"{host} ({hardware.get('cpu')})" for host in hosts)
 
 
 def device_name_of(config, hardware):
@@ -238,81 +384,61 @@ def device_name_of(config, hardware):
     return " + ".join(names) or None  # None: the run failed before it looked at its hardware
 
 
-def effective_options(config, benchmark, world_size, environment=None):
-    """The recorded options, with what a run used where it recorded nothing:
-    - the compiled-DDP mode: a compiled run over several ranks split its graph at DDP's buckets (PyTorch's
-      default, ddp_optimizer), in the native script and in the Lightning twin alike (Dynamo sees DDP around the
-      compiled ResNet while it traces);
-    - Inductor's coordinate-descent tuning (recorded since --coordinate-descent-tuning): on in the max-autotune
-      modes and under TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, off otherwise;
-    - any other TORCHINDUCTOR_ variable the run was given (its cache folder aside), as inductor_environment:
-      it changes what Inductor generates;
-    - cuDNN's autotuning limit (recorded since --cudnn-benchmark-limit; null where a script left it alone):
-      PyTorch's default, 10 algorithms per convolution, where cuDNN autotuned;
-    - the DDP comm hook (recorded since --comm-hook): none, DDP's own all-reduce;
-    - DDP's buffer broadcast (recorded since --broadcast-buffers): on, DDP's default;
-    - the fp16 loss scale (recorded since --loss-scale): dynamic where the GradScaler ran, none otherwise;
-    - how the ResNet stem was computed (recorded since --space-to-depth-stem and --dense-max-pool-backward, in the
-      native script and the Lightning twin) and its batch norms (since --sums-batch-norm): as torchvision's modules;
-    - the Lightning twin's variant (recorded since the twin ran Lightning's stock loop as well): matched."""
-    config, environment = dict(config), environment or {}
-    config.setdefault("comm_hook", "none")
-    config.setdefault("broadcast_buffers", True)
-    if config.get("loss_scale") is None:
-        config["loss_scale"] = "dynamic" if config.get("grad_scaler") else None
-    if benchmark in (NATIVE, LIGHTNING):
-        config.setdefault("stem_conv", "torchvision")
-        config.setdefault("max_pool_backward", "torchvision")
-        config.setdefault("batch_norm", "torchvision")
-    if benchmark == LIGHTNING:
-        config.setdefault("lightning_variant", LIGHTNING_DEFAULT_VARIANT)
-    if (config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config
-            and benchmark in (NATIVE, LIGHTNING)):
-        config["compiled_ddp"] = "ddp_optimizer"
-    if "coordinate_descent_tuning" not in config:
-        config["coordinate_descent_tuning"] = bool(config.get("compile")) and (
-            environment.get("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "0").lower() in ("1", "true")
-            or str(config.get("compile_mode")).startswith("max-autotune"))
-    if config.get("cudnn_benchmark_limit") is None:
-        config["cudnn_benchmark_limit"] = TORCH_CUDNN_BENCHMARK_LIMIT if config.get("cudnn_benchmark") else None
-    inductor = {name: value for name, value in environment.items() if name.startswith("TORCHINDUCTOR_")
-                and name not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING")}
-    if inductor:
-        config["inductor_environment"] = inductor
-    return config
+def options_of(config, benchmark, strategy, world_size):
+    """Script-specific settings that change what the run measures, as a hashable, sorted tuple of
+    (name, JSON text)."""
+    one_rank = world_size == 1 and benchmark in (NATIVE, LIGHTNING)  # no DDP
+    return tuple(sorted((name, json.dumps(value, sort_keys=True)) for name, value in config.items()
+                        if name not in NOT_OPTIONS and not (one_rank and name in DDP_OPTIONS)
+                        and strategy in STRATEGY_OPTIONS.get(name, (strategy,))))
+
+
+def stability_of(result):
+    stability = result["stability"]
+    if not stability:
+        return "unknown"
+    return "noisy" if stability.get("noisy") else "steady"
 
 
 def make_run(path, result):
-    world = result["world"]
-    config = effective_options(result["config"], result["benchmark"], world["world_size"],
-                               (result.get("software") or {}).get("environment"))
+    """The figures of one upgraded result that the tables use."""
+    world, config = result["world"], result["config"]
     hardware = result.get("hardware") or {}
     throughput = result.get("throughput") or {}
     memory = result.get("memory") or {}
-    stability = result.get("stability") or {}
-    key = Config(device=config["device"], device_name=device_name_of(config, hardware),
-                 torch=(result.get("software") or {}).get("torch"), model=config.get("model") or "resnet50",
-                 image_size=config["image_size"], precision=config["precision"],
-                 memory_format=config["memory_format"], compile_mode=config.get("compile_mode"),
-                 optimizer=config["optimizer"], benchmark=result["benchmark"], strategy=result["strategy"],
-                 options=options_of(config), num_nodes=world["num_nodes"], world_size=world["world_size"],
-                 batch_mode=config["batch_mode"], batch_size_per_device=config["batch_size_per_device"],
-                 global_batch_size=config["global_batch_size"])
+    efficiency = result.get("efficiency") or {}
+    software = result.get("software") or {}
+    key = Config(device=config["device"], device_name=device_name_of(config, hardware), torch=software.get("torch"),
+                 model=config.get("model") or "resnet50", image_size=config["image_size"],
+                 precision=config["precision"], memory_format=config["memory_format"],
+                 compile_mode=config.get("compile_mode"), optimizer=config["optimizer"], benchmark=result["benchmark"],
+                 strategy=result["strategy"],
+                 options=options_of(config, result["benchmark"], result["strategy"], world["world_size"]),
+                 num_nodes=world["num_nodes"], world_size=world["world_size"], batch_mode=config["batch_mode"],
+                 batch_size_per_device=config["batch_size_per_device"], global_batch_size=config["global_batch_size"])
+    stability = stability_of(result)
     return {"path": path, "config": key, "status": result["status"],
             "failure": (result.get("failure") or {}).get("message"),
             "images_per_second": throughput.get("images_per_second"),
             "rank0_median": throughput.get("rank0_median_images_per_second"),
             "rank0_mad": throughput.get("rank0_mad_images_per_second"),
+            "epochs": throughput.get("rank0_epochs"),
             "peak_allocated_mib": memory.get("peak_allocated_mib"),
             "peak_reserved_mib": memory.get("peak_reserved_mib"),
             "memory_window": window_label(memory.get("window")),
-            "noisy": stability.get("noisy") is True, "noisy_reason": stability.get("reason"),
-            "step_times_ms": [t for times in result.get("step_times_ms_per_rank") or [] for t in times]}
+            "stability": stability, "noisy": stability == "noisy",
+            "noisy_reason": (result["stability"] or {}).get("reason"),
+            # MFU needs a peak to divide by: none on the CPU or on a GPU the scripts have no datasheet figure for
+            "mfu": efficiency.get("mfu") if efficiency.get("peak_tflops_per_device") else None,
+            "step_times_ms": [t for times in result.get("step_times_ms_per_rank") or [] for t in times],
+            "launch_id": result["launch_id"], "devices": devices_of(result),
+            "commit": (result.get("git") or {}).get("commit"),
+            "software": {name: software.get(name) for name in SOFTWARE},
+            "analysis": result.get("analysis"), "machine": None}
 
 
 def window_label(window):
-    """A memory window in a few words: the recorded text up to its parenthesis, or the timed steps where a
-    result recorded none."""
+    """A memory window in a few words: the recorded text up to its parenthesis."""
     return window.split(" (")[0].strip() or window if window else TIMED_STEPS
 
 
@@ -332,17 +458,40 @@ def name_unknown_gpus(runs):
     return runs
 
 
-def load_runs(paths, what="input"):
-    """Every readable result under paths; prints a warning for each file skipped. When every file found is
-    skipped, one UsageError says so instead (no result at all is the caller's to judge)."""
-    runs, skipped = [], []
+def assign_machines(runs):
+    """Each run's machine: devices that ran together in one result belong to one machine, so that a one-GPU run
+    on either GPU of a two-GPU machine counts as that machine. Named by its smallest device id."""
+    parent = {}
+
+    def root(device):
+        while parent.setdefault(device, device) != device:
+            device = parent[device]
+        return device
+
+    for run in runs:
+        roots = sorted({root(device) for device in run["devices"]})
+        for other in roots[1:]:
+            parent[other] = roots[0]
+    for run in runs:
+        run["machine"] = root(min(run["devices"])) if run["devices"] else None
+    return runs
+
+
+def load_documents(paths, what="input"):
+    """(runs, comparisons): every readable result under paths and every compare.py comparison; prints a warning
+    for each other file skipped. When every file found is skipped, one UsageError says so instead."""
+    runs, comparisons, skipped = [], [], []
     for path in find_result_files(paths):
-        result, problem = read_result_file(path)
+        document, problem = read_json(path)
+        if problem is None and is_comparison(document):
+            comparisons.append((path, document))
+            continue
+        result, problem = read_result_file(path) if problem is None else (None, problem)
         if problem:
             skipped.append((path, problem))
         else:
             runs.append(make_run(path, result))
-    if skipped and not runs:
+    if skipped and not runs and not comparisons:
         named = "; ".join(f"{path}: {problem}" for path, problem in skipped[:3])
         more = f"; {len(skipped) - 3} more" if len(skipped) > 3 else ""
         count = f"{len(skipped)} file{'s' * (len(skipped) > 1)}"
@@ -350,7 +499,101 @@ def load_runs(paths, what="input"):
                          f"no valid result file, {count} skipped as invalid ({named}{more})")
     for path, problem in skipped:
         print(f"report.py: warning: {what} {path}: skipped: {problem}", file=sys.stderr)
-    return name_unknown_gpus(runs)
+    return assign_machines(name_unknown_gpus(runs)), comparisons
+
+
+def load_runs(paths, what="input"):
+    return load_documents(paths, what)[0]
+
+
+# ---------------------------------------------------------------------------- pairing rules
+
+def same_build(a, b):
+    """The same commit and the same version of every package both results record."""
+    return a["commit"] == b["commit"] and all(
+        a["software"][name] == b["software"][name] for name in SOFTWARE
+        if a["software"][name] is not None and b["software"][name] is not None)
+
+
+def unlike(run, base, scaling=False):
+    """None where run may be divided by base (like for like), else why not, in words. Same machine: the same
+    devices; for scaling, base's devices among run's."""
+    if scaling:
+        same_machine = bool(base["devices"]) and base["devices"] <= run["devices"]
+    else:
+        same_machine = bool(run["devices"]) and run["devices"] == base["devices"]
+    if not same_machine:
+        return ACROSS_MACHINES
+    return None if same_build(run, base) else ACROSS_BUILDS
+
+
+def rate(run):
+    return run["images_per_second"]
+
+
+Paired = namedtuple("Paired", "values runs label")  # ratios of like-for-like pairs and their numerator runs
+
+
+def paired_ratios(numerators, denominators, value=rate):
+    """Each numerator run over the median of its like-for-like denominator runs. Without any such pair, the label
+    says why (across commits/software where some pair shared the machine)."""
+    values, runs, reasons = [], [], set()
+    for run in numerators:
+        partners = [base for base in denominators if unlike(run, base) is None]
+        if partners:
+            values.append(value(run) / statistics.median(value(base) for base in partners))
+            runs.append(run)
+        reasons.update(unlike(run, base) for base in denominators)
+    label = None if values else ACROSS_BUILDS if ACROSS_BUILDS in reasons else ACROSS_MACHINES
+    return Paired(values, runs, label)
+
+
+def scaling_base(run, base_runs):
+    """Throughput of the series' base on run's own devices, with its build: the mean over the base's device sets
+    of the median over the repeats on each set; None where the base runs do not cover run's devices."""
+    partners = [base for base in base_runs if unlike(run, base, scaling=True) is None]
+    by_devices = defaultdict(list)
+    for base in partners:
+        by_devices[base["devices"]].append(rate(base))
+    if not partners or frozenset().union(*by_devices) != run["devices"]:
+        return None
+    return statistics.fmean(statistics.median(rates) for rates in by_devices.values())
+
+
+def scaling_figures(run, base_runs, base_count):
+    """(speed-up, efficiency) of run against the base on its own devices, or None: speed-up T(N) / T(N_base),
+    efficiency = T(N) / (N / N_base x T(N_base))."""
+    base = scaling_base(run, base_runs)
+    if base is None:
+        return None
+    speedup = rate(run) / base
+    return speedup, speedup / (run["config"].world_size / base_count)
+
+
+def scaling_label(runs, base_runs):
+    reasons = {unlike(run, base, scaling=True) for run in runs for base in base_runs}
+    return ACROSS_BUILDS if ACROSS_BUILDS in reasons else ACROSS_MACHINES
+
+
+def machines_text(runs):
+    """How many runs and machines a figure rests on (the machines that the results name)."""
+    count, machines = len(runs), len({run["machine"] for run in runs} - {None})
+    text = f"{count} run{'s' * (count != 1)}"
+    return text + f", {machines} machine{'s' * (machines != 1)}" if machines else text
+
+
+def range_text(values, text):
+    """min–max of values through text(value), or the value alone."""
+    low, high = text(min(values)), text(max(values))
+    return low if low == high else f"{low}–{high}"
+
+
+def ratio_text(value):
+    return f"{value:.3f}"
+
+
+def percent_text(value):
+    return f"{value * 100:.1f}"
 
 
 # ---------------------------------------------------------------------------- grouping
@@ -361,8 +604,8 @@ def order(config):
 
 
 def aggregate(runs):
-    """One row per configuration of ok repeats (medians, and the spread between repeats), one row per
-    run that did not end ok. Sorted by configuration."""
+    """One row per configuration of ok repeats (medians, the range over the repeats), one row per run that did
+    not end ok. Sorted by configuration."""
     repeats, rows = defaultdict(list), []
     for run in runs:
         if run["status"] == "ok":
@@ -374,12 +617,17 @@ def aggregate(runs):
     return sorted(rows, key=row_order)
 
 
+def beyond_ddp(options):
+    """The options apart from DDP's: what a scaling series keeps from one GPU count to the next."""
+    return tuple(option for option in options if option[0] not in DDP_OPTIONS)
+
+
 def row_order(row):
     """Setup, then benchmark and strategy, then the scaling series (batch mode, the batch it keeps), then
     the GPU count: a series reads top to bottom. Failed runs after the ok row of their configuration."""
     config = row["config"]
     kept = config.batch_size_per_device if config.batch_mode == "per_device" else config.global_batch_size
-    return (order(setup_of(config)), config.benchmark, strategy_rank(config.strategy), config.options,
+    return (order(setup_of(config)), config.benchmark, strategy_rank(config.strategy), beyond_ddp(config.options),
             config.batch_mode, kept, config.world_size, config.num_nodes, order(config), row["status"] != "ok",
             row["status"], [str(run["path"]) for run in row["runs"]])
 
@@ -389,14 +637,18 @@ def median_or_none(values):
 
 
 def row_of(runs, status):
-    throughputs = [run["images_per_second"] for run in runs]
+    throughputs = [rate(run) for run in runs]
     known = [value for value in throughputs if value is not None]
     spread = (max(known) - min(known)) / statistics.median(known) if len(known) > 1 else None
+    mfus = [run["mfu"] for run in runs]
     return {"config": runs[0]["config"], "status": status, "runs": sorted(runs, key=lambda run: str(run["path"])),
             "images_per_second": median_or_none(throughputs), "spread": spread,
+            "range": (min(known), max(known)) if known else None,
             "rank0_median": median_or_none([run["rank0_median"] for run in runs]),
             "rank0_mad": median_or_none([run["rank0_mad"] for run in runs]),
+            "mfu": median_or_none(mfus),
             "memory": memory_by_window(runs), "noisy": [run for run in runs if run["noisy"]],
+            "unknown_stability": [run for run in runs if run["stability"] == "unknown"],
             "step_times_ms": [t for run in runs for t in run["step_times_ms"]],
             "failure": runs[0]["failure"]}
 
@@ -436,48 +688,66 @@ def rows_by_setup(rows):
     return setups
 
 
-def varying_options(runs):
-    """Per benchmark and strategy, the option names whose values differ between its results: only those are
-    shown (an option that comes with a strategy, such as FSDP's unit count, says nothing the name does not). An
-    option one result records and another does not (a newer script records more) varies only where that absence
-    is all that tells two results apart."""
-    names, values = defaultdict(set), defaultdict(lambda: defaultdict(set))
-    for run in runs:
-        names[run["config"].benchmark, run["config"].strategy].update(dict(run["config"].options))
-    for run in runs:
-        which, options = (run["config"].benchmark, run["config"].strategy), dict(run["config"].options)
-        for name in names[which]:
-            values[which][name].add(options.get(name))
-    varying = {which: sorted(name for name, seen in by_name.items() if len(seen - {None}) > 1)
-               for which, by_name in values.items()}
-    for which, by_name in values.items():
-        labels = defaultdict(set)
-        for run in runs:
-            if (run["config"].benchmark, run["config"].strategy) == which:
-                options = dict(run["config"].options)
-                labels[run["config"]._replace(options=None), tuple(options.get(name) for name in varying[which])].add(
-                    run["config"].options)
-        if any(len(options) > 1 for options in labels.values()):
-            varying[which] = sorted(name for name, seen in by_name.items() if len(seen) > 1)
-    return varying
-
-
 def options_agree(a, b):
     """Options recorded on both sides are equal (a newer script may record more than an older one)."""
     mine, theirs = dict(a.options), dict(b.options)
     return all(mine[name] == theirs[name] for name in mine.keys() & theirs.keys())
 
 
+def option_labels(configs):
+    """{config: the options that tell it apart from the other configurations of its benchmark and strategy}. An
+    option whose value differs between them is shown where it is not the usual value: the script's default where
+    benchmark_extras.py has one, else the most common value (an option a result does not record reads "unset")."""
+    groups = defaultdict(set)
+    for config in configs:
+        groups[config.benchmark, config.strategy].add(config)
+    labels = {}
+    for members in groups.values():
+        values = defaultdict(list)
+        names = {name for other in members for name, _ in other.options}
+        for config in sorted(members, key=order):
+            options = dict(config.options)
+            for name in names:
+                if applies(name, config):
+                    values[name].append(options.get(name))
+        usual = {name: usual_value(name, seen) for name, seen in values.items() if len(set(seen)) > 1}
+        for config in members:
+            options = dict(config.options)
+            labels[config] = [(name, options.get(name)) for name in sorted(usual)
+                              if applies(name, config) and options.get(name) != usual[name]]
+    return labels
+
+
+def applies(name, config):
+    """Whether an option can change what a configuration measures (DDP's options need two ranks; FSDP's and
+    ShardedDDP's options their strategies)."""
+    if name in STRATEGY_OPTIONS and config.strategy not in STRATEGY_OPTIONS[name]:
+        return False
+    return not (name in DDP_OPTIONS and config.world_size == 1 and config.benchmark in (NATIVE, LIGHTNING))
+
+
+def usual_value(name, seen):
+    defaults = {**OPTION_DEFAULTS, "lightning_variant": "stock"}  # the twin's default variant
+    if name in defaults:
+        default = json.dumps(defaults[name])
+        if default in seen:
+            return default
+    if name in ABSENT_BY_DEFAULT:
+        return None
+    return max(sorted(set(seen), key=lambda value: (value is not None, value or "")), key=seen.count)
+
+
 def scaling_series(rows, batch_mode):
-    """Ok rows that differ only in world size (and node count): weak scaling keeps the batch per device,
-    strong scaling the global batch. Only series with two GPU counts or more."""
+    """Ok rows that differ only in world size (and node count) and DDP's options (which one rank does without):
+    weak scaling keeps the batch per device, strong scaling the global batch. Only series with two GPU counts or
+    more; the base, the fewest GPUs, first."""
     free = {"world_size": None, "num_nodes": None,
             "global_batch_size" if batch_mode == "per_device" else "batch_size_per_device": None}
     series = defaultdict(list)
     for row in rows:
         if row["status"] == "ok" and row["config"].batch_mode == batch_mode:
-            series[row["config"]._replace(**free)].append(row)
-    return [sorted(members, key=lambda row: (row["config"].world_size, row["config"].num_nodes))
+            series[row["config"]._replace(options=beyond_ddp(row["config"].options), **free)].append(row)
+    return [sorted(members, key=lambda row: (row["config"].world_size, row["config"].num_nodes, order(row["config"])))
             for key, members in sorted(series.items(), key=lambda item: order(item[0]))
             if len({row["config"].world_size for row in members}) > 1]
 
@@ -496,22 +766,18 @@ def lightning_pairs(rows):
             if options_agree(base["config"], row["config"])]
 
 
-def sharding_groups(rows):
-    """oss_benchmark.py rows (failed ones included: an OOM is the point of a sharding table) grouped by
-    configuration apart from the strategy; each row with its baseline, the ok ddp row whose options agree
-    with its own (e.g. the same bucket size), or None."""
+def launches(runs):
+    """oss_benchmark.py runs grouped by launch (failed ones included: an OOM is the point of a sharding table),
+    each launch's runs in the order of how much their strategy shards; launches in the order of their setup and
+    first file."""
     groups = defaultdict(list)
-    for row in rows:
-        if row["config"].benchmark == OSS:
-            groups[row["config"]._replace(strategy=None, options=None)].append(row)
-    result = []
-    for key, members in sorted(groups.items(), key=lambda item: order(item[0])):
-        members.sort(key=lambda row: (strategy_rank(row["config"].strategy), order(row["config"]),
-                                      row["status"] != "ok"))
-        baselines = [row for row in members if row["status"] == "ok" and row["config"].strategy == "ddp"]
-        result.append([(row, next((base for base in baselines if options_agree(base["config"], row["config"])),
-                                  None)) for row in members])
-    return result
+    for run in runs:
+        if run["config"].benchmark == OSS:
+            groups[run["launch_id"]].append(run)
+    for members in groups.values():
+        members.sort(key=lambda run: (strategy_rank(run["config"].strategy), run["status"] != "ok", str(run["path"])))
+    return sorted(groups.values(), key=lambda members: (order(setup_of(members[0]["config"])),
+                                                        min(str(run["path"]) for run in members)))
 
 
 def strategy_rank(strategy):
@@ -531,6 +797,10 @@ def format_rate(value, like=None):
 
 def format_mib(value):
     return "n/a" if value is None else f"{value:,.0f}"
+
+
+def format_number(value, digits=0):
+    return "–" if value is None else f"{round(value, digits) + 0.0:,.{digits}f}"  # + 0.0: never "-0"
 
 
 def windows_of(rows):
@@ -559,6 +829,10 @@ def format_ratio(value):
     return "–" if value is None else f"{value:.2f}×"
 
 
+def format_mfu(row):
+    return NO_PEAK if row["mfu"] is None else format_percent(row["mfu"])
+
+
 def rank0_cell(row):
     """Rank 0's median throughput ± MAD, as fairscale's table shows it."""
     if row["rank0_median"] is None:
@@ -566,13 +840,45 @@ def rank0_cell(row):
     return f"{format_rate(row['rank0_median'])} ± {format_rate(row['rank0_mad'], like=row['rank0_median'])}"
 
 
+def range_cell(row):
+    """Throughput's range over every repeat, and its spread (max − min) / median."""
+    if row["range"] is None or len(row["runs"]) < 2:
+        return "–"
+    low, high = row["range"]
+    return f"{format_rate(low, like=high)}–{format_rate(high)} ({format_percent(row['spread'])})"
+
+
 def format_status(row):
     if row["status"] != "ok":
         return f"**✗ {row['status']}**"
-    if not row["noisy"]:
-        return "ok"
     runs = len(row["runs"])
-    return f"ok, {NOISY}" if runs == 1 else f"ok, {len(row['noisy'])} of {runs} runs {NOISY}"
+    if row["noisy"]:
+        return f"ok, {NOISY}" if runs == 1 else f"ok, {len(row['noisy'])} of {runs} runs {NOISY}"
+    if row["unknown_stability"]:
+        unknown = len(row["unknown_stability"])
+        return f"ok, {UNKNOWN_STABILITY}" if unknown == runs else f"ok, {UNKNOWN_STABILITY} for {unknown} of {runs}"
+    return "ok"
+
+
+def caution(*rows):
+    """What a figure from these rows must carry: noisy, or stability unknown; None for steady rows."""
+    if any(row["noisy"] for row in rows):
+        return NOISY
+    if any(row["unknown_stability"] for row in rows):
+        return UNKNOWN_STABILITY
+    return None
+
+
+def notes_text(*notes):
+    """ (a; b) of the notes that are not None, or ''."""
+    given = [note for note in notes if note]
+    return f" ({'; '.join(given)})" if given else ""
+
+
+def failure_text(run):
+    """A failure's message, cut to a line's length (an OOM's names every allocator figure)."""
+    message = run["failure"] or "no message"
+    return message if len(message) <= 150 else message[:149] + "…"
 
 
 def noisy_notes(rows):
@@ -594,16 +900,23 @@ def devices_text(config):
     return f"{config.world_size}{nodes}"
 
 
-def strategy_text(config, varying):
-    differing = varying.get((config.benchmark, config.strategy), [])
-    shown = [(name, value) for name, value in config.options if name in differing]
-    missing = [name for name in differing if name not in dict(config.options) and name not in ABSENT_BY_DEFAULT]
-    details = [f"{name}={value.strip(chr(34))}" for name, value in shown] + [f"{name} unset" for name in missing]
+def option_text(name, value):
+    if value is None:
+        return f"{name} unset"
+    if name == "lightning_variant" and value == "null":
+        return UNKNOWN_VARIANT
+    return f"{name}={value.strip(chr(34))}"
+
+
+def strategy_text(config, labels):
+    details = [option_text(name, value) for name, value in labels.get(config, [])]
     return config.strategy + (f" ({', '.join(details)})" if details else "")
 
 
 def lightning_variant(config):
-    return json.loads(dict(config.options).get("lightning_variant", "null")) or "–"
+    if not applies("lightning_variant", config):
+        return "n/a (1 rank)"  # the variants differ only in DDP's stream and a broadcast between ranks
+    return json.loads(dict(config.options).get("lightning_variant", "null")) or UNKNOWN_VARIANT
 
 
 def setup_title(setup):
@@ -619,13 +932,25 @@ def table(header, lines):
     return "\n".join(out)
 
 
+def wrap(text, width=120):
+    """A paragraph cut into lines of at most width characters (Markdown joins them again)."""
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "\n".join(lines + [line])
+
+
 def sources_text(rows, base):
     counts = defaultdict(int)
     for row in rows:
         for run in row["runs"]:
             counts[display_path(run["path"].parent, base)] += 1
-    return "Results from " + ", ".join(f"`{folder}` ({count} file{'s' * (count > 1)})"
-                                       for folder, count in sorted(counts.items())) + "."
+    return wrap("Results from " + ", ".join(f"`{folder}` ({count} file{'s' * (count > 1)})"
+                                            for folder, count in sorted(counts.items())) + ".")
 
 
 def display_path(path, base):
@@ -634,57 +959,84 @@ def display_path(path, base):
     return (path.relative_to(base).as_posix() or ".") if path.is_relative_to(base) else path.as_posix()
 
 
-def all_runs_table(rows, varying):
+def all_runs_table(rows, labels):
     unit, units = unit_of(rows[0]["config"]), units_of(rows[0]["config"])
     lines, failures, windows = [], [], windows_of(rows)
     for row in rows:
         config = row["config"]
-        rank0 = rank0_cell(row)
-        lines.append([config.benchmark, strategy_text(config, varying), devices_text(config),
+        lines.append([config.benchmark, strategy_text(config, labels), devices_text(config),
                       config.batch_mode.replace("_", " "), str(config.batch_size_per_device),
-                      f"{config.global_batch_size:,}", rank0,
-                      format_rate(row["images_per_second"]), memory_cell(row, len(windows) > 1),
-                      str(len(row["runs"])), format_percent(row["spread"]), format_status(row)])
+                      f"{config.global_batch_size:,}", rank0_cell(row), format_rate(row["images_per_second"]),
+                      range_cell(row), format_mfu(row), memory_cell(row, len(windows) > 1), machines_text(row["runs"]),
+                      format_status(row)])
         if row["status"] != "ok":
-            failures.append(f"- ✗ {row['status']} in `{row['runs'][0]['path'].name}`: "
-                            f"{row['failure'] or 'no message'}")
+            failures.append(f"- ✗ {row['status']} in `{row['runs'][0]['path'].name}`: {failure_text(row['runs'][0])}")
     header = ["benchmark", "strategy", units, "batch mode", f"batch (img/{unit})", "global batch (img)",
-              "Median throughput (img/s) (rank 0) ± MAD", "Throughput (img/s)", memory_header("Peak memory", windows),
-              "runs", "spread between runs", "status"]
+              "Median throughput (img/s) (rank 0) ± MAD", "Throughput (img/s)", "range over runs (spread)", "MFU",
+              memory_header("Peak memory", windows), "runs", "status"]
     notes = failures + noisy_notes(rows)
     return "\n\n".join(["**All configurations**", table(header, lines), *(["\n".join(notes)] if notes else [])])
 
 
-def scaling_table(rows, varying, batch_mode):
-    """Weak (per_device) or strong (global) scaling. Against the fewest GPUs of each series:
-    speed-up = T(N) / T(base), ideal = N / base, efficiency = speed-up / ideal (weak: T(N) / (N x T(1)))."""
+def scaling_cells(row, base, weak):
+    """(speed-up, efficiency) cells of a row against its series' base row: the range over its runs that have
+    base runs on their own devices with their build, else from the rows' medians, labelled."""
+    base_count = base["config"].world_size
+    figures = [(run, scaling_figures(run, base["runs"], base_count)) for run in row["runs"]]
+    paired = [(run, figure) for run, figure in figures if figure is not None]
+    if row is base:
+        return "1.00×", "100.0 %"
+    if paired:
+        runs = [run for run, _ in paired]
+        speedups, efficiencies = [figure[0] for _, figure in paired], [figure[1] for _, figure in paired]
+        return (f"{range_text(speedups, lambda value: f'{value:.2f}')}×",
+                f"{range_text(efficiencies, percent_text)} %{notes_text(machines_text(runs), caution(row, base))}")
+    speedup = row["images_per_second"] / base["images_per_second"]
+    label = scaling_label(row["runs"], base["runs"])
+    efficiency = speedup / (row["config"].world_size / base_count)
+    return f"{speedup:.2f}× {label}", f"{percent_text(efficiency)} % {label}{notes_text(caution(row, base))}"
+
+
+def scaling_table(rows, labels, batch_mode):
+    """Weak (per_device) or strong (global) scaling. Against the fewest GPUs of each series (N_base):
+    speed-up = T(N) / T(N_base), ideal = N / N_base, efficiency = T(N) / (N / N_base x T(N_base))."""
     unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
     weak = batch_mode == "per_device"
     for series in scaling_series(rows, batch_mode):
         base = series[0]
         for row in series:
             config = row["config"]
-            speedup = row["images_per_second"] / base["images_per_second"]
+            speedup, efficiency = scaling_cells(row, base, weak)
             ideal = config.world_size / base["config"].world_size
             per_device, global_batch = str(config.batch_size_per_device), f"{config.global_batch_size:,}"
-            lines.append([config.benchmark, strategy_text(config, varying),
+            lines.append([config.benchmark, strategy_text(config, labels),
                           per_device if weak else global_batch, devices_text(config),
                           global_batch if weak else per_device, format_rate(row["images_per_second"]),
-                          format_rate(row["images_per_second"] / config.world_size), format_ratio(speedup),
-                          format_ratio(ideal), format_percent(speedup / ideal)])
+                          format_rate(row["images_per_second"] / config.world_size), speedup,
+                          format_ratio(ideal), efficiency])
     if not lines:
         return None
     batches = [f"batch (img/{unit})", "global batch (img)"]
     header = ["benchmark", "strategy", batches[not weak], units, batches[weak], "Throughput (img/s)",
               f"Throughput per {unit} (img/s)", f"Speed-up vs fewest {units}", "Ideal speed-up",
               "Scaling efficiency"]
-    title = (f"**Weak scaling** (fixed batch per {unit}; efficiency = throughput at N / (N × throughput at 1))"
-             if weak else "**Strong scaling** (fixed global batch; speed-up = throughput at N / throughput at 1)")
-    return "\n\n".join([f"{title[:-1]}; against the fewest {units} measured where 1 is missing)",
+    kind = f"**Weak scaling** (fixed batch per {unit}" if weak else "**Strong scaling** (fixed global batch"
+    return "\n\n".join([wrap(f"{kind}; efficiency = throughput(N) / (N / N_base × throughput(N_base)), N_base the "
+                             f"fewest {units} of the series; each run against base runs on its own {units})"),
                         table(header, lines)])
 
 
-def lightning_table(rows, varying):
+def paired_cell(numerator, denominator, value=rate):
+    """A ratio of two rows under the pairing rules: the range over the numerator's like-for-like runs with their
+    count, or the rows' medians labelled across machines (or commits/software); noisy or unknown stability said."""
+    paired = paired_ratios(numerator["runs"], denominator["runs"], value)
+    cautious = caution(numerator, denominator)
+    if paired.values:
+        return f"{range_text(paired.values, ratio_text)}{notes_text(machines_text(paired.runs), cautious)}"
+    return f"{ratio_text(value(numerator) / value(denominator))} {paired.label}{notes_text(cautious)}"
+
+
+def lightning_table(rows, labels):
     unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
     pairs = lightning_pairs(rows)
     # Memory side by side over the window both measured; a pair without one shows each figure with its window.
@@ -695,90 +1047,243 @@ def lightning_table(rows, varying):
         config = lightning["config"]
         native_mib, lightning_mib = peak_mib(native, window), peak_mib(lightning, window)
         memory_ratio = lightning_mib / native_mib if window and lightning_mib is not None and native_mib else None
-        ratio = format_ratio(lightning["images_per_second"] / native["images_per_second"])
-        if native["noisy"] or lightning["noisy"]:
-            ratio += f" ({NOISY})"
         lines.append([devices_text(config), config.batch_mode.replace("_", " "), str(config.batch_size_per_device),
-                      strategy_text(native["config"], varying), format_rate(native["images_per_second"]),
-                      strategy_text(config, varying), lightning_variant(config),
-                      format_rate(lightning["images_per_second"]), ratio, memory_cell(native, named, window),
-                      memory_cell(lightning, named, window), format_ratio(memory_ratio)])
+                      strategy_text(native["config"], labels), format_rate(native["images_per_second"]),
+                      strategy_text(config, labels), lightning_variant(config),
+                      format_rate(lightning["images_per_second"]),
+                      paired_cell(lightning, native),
+                      memory_cell(native, named, window), memory_cell(lightning, named, window),
+                      format_ratio(memory_ratio)])
     if not lines:
         return None
     header = [units, "batch mode", f"batch (img/{unit})", "native strategy", "native throughput (img/s)",
               "Lightning strategy", "Lightning variant", "Lightning throughput (img/s)",
               "Lightning / native throughput", memory_header("native peak memory", windows if not named else ()),
               memory_header("Lightning peak memory", windows if not named else ()), "Lightning / native memory"]
-    return "\n\n".join(["**Lightning against native DDP** (same configuration; a ratio below 1.00× is "
-                        "Lightning's cost)", table(header, lines)])
+    return "\n\n".join([wrap("**Lightning against native DDP** (same configuration; each Lightning run against the "
+                             "native runs of its machine, commit and software; a ratio below 1.000 is Lightning's "
+                             "cost)"), table(header, lines)])
 
 
-def sharding_table(rows, varying):
-    unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
-    groups = sharding_groups(rows)
-    windows = windows_of([row for group in groups for row, _ in group])
-    for group in groups:
-        for row, baseline in group:
-            config = row["config"]
-            usable = baseline is not None and row["status"] == "ok" and row is not baseline
-            speed = format_ratio(row["images_per_second"] / baseline["images_per_second"]) if usable else "–"
-            saved = "baseline" if row is baseline else "n/a" if usable else "–"  # n/a: no memory counters
-            window = usable and common_window(row, baseline)
-            if row is baseline:
-                speed = "baseline"
-            elif window and peak_mib(baseline, window):
-                difference = peak_mib(baseline, window) - peak_mib(row, window)
-                difference = difference if round(difference) else 0.0  # under half a MiB is none, not "-0"
-                saved = f"{difference:,.0f} MiB ({format_percent(difference / peak_mib(baseline, window))})"
-            elif usable and row["memory"] and baseline["memory"]:
-                saved = "– (other memory window)"
-            rank0 = rank0_cell(row)
-            lines.append([devices_text(config), str(config.batch_size_per_device), strategy_text(config, varying),
-                          rank0, format_rate(row["images_per_second"]), speed, memory_cell(row, len(windows) > 1),
-                          saved, format_status(row)])
+# ---------------------------------------------------------------------------- sharding tables
+
+PHASES = ("parameter_sync_before_forward", "forward", "backward", "optimizer_step", "parameter_sync")
+MIB = 2 ** 20
+
+
+def phase_ms(analysis):
+    """{phase: rank 0's median ms} of the instrumented pass (None where a phase was not timed)."""
+    phases = (analysis or {}).get("phases_ms") or {}
+    return {name: (phases.get(name) or {}).get("median") for name in PHASES}
+
+
+def collectives_cells(analysis):
+    """(collectives per step by kind, MiB per step measured (analytic)) of the profiled pass."""
+    collectives = (analysis or {}).get("collectives") or {}
+    measured, analytic = collectives.get("measured_per_step") or {}, collectives.get("analytic_bytes_per_step")
+    kinds = ", ".join(f"{measured[kind]['count']:g} {kind}" for kind in COLLECTIVE_KINDS if kind in measured)
+    mib = sum(value["bytes"] for value in measured.values()) / MIB if collectives else None
+    expected = sum(analytic.values()) / MIB if analytic else None
+    return kinds or "–", "–" if mib is None else f"{format_number(mib, 1)} ({format_number(expected, 1)})"
+
+
+def state_cells(analysis):
+    """(optimizer state MiB per rank, the largest rank's; expected state saving MiB against ddp)."""
+    memory = (analysis or {}).get("memory") or {}
+    held = memory.get("optimizer_state_bytes_per_rank")
+    saving = memory.get("expected_optimizer_state_saving_bytes_vs_ddp")
+    return (format_number(max(held) / MIB if held else None, 1),
+            format_number(saving / MIB if saving is not None else None, 1))
+
+
+def epochs_cell(run):
+    """fairscale's statistic: images per second per epoch of rank 0, median ± MAD (epochs × steps)."""
+    epochs = run["epochs"] or {}
+    if not epochs.get("count") or epochs.get("median") is None:
+        return "–"
+    return (f"{format_rate(epochs['median'])} ± {format_rate(epochs['mad'], like=epochs['median'])} "
+            f"({epochs['count']} × {epochs['steps_per_epoch']})")
+
+
+def versus_ddp(run, baseline):
+    """Rank 0's median against the ddp run of the same launch (like for like), as oss_benchmark.py printed it."""
+    if baseline is None or run["status"] != "ok" or not run["rank0_median"]:
+        return "–"
+    relative = format_percent(run["rank0_median"] / baseline["rank0_median"])
+    label = unlike(run, baseline)
+    return relative if label is None else f"{relative} {label}"
+
+
+def peak_saving(run, baseline):
+    """Peak memory saved against the launch's ddp run, over the window both measured."""
+    if baseline is None or run["status"] != "ok" or run["peak_allocated_mib"] is None:
+        return "–"
+    if baseline["peak_allocated_mib"] is None:
+        return "n/a"
+    if run["memory_window"] != baseline["memory_window"]:
+        return "– (other memory window)"
+    difference = baseline["peak_allocated_mib"] - run["peak_allocated_mib"]
+    difference = difference if round(difference) else 0.0  # under half a MiB is none, not "-0"
+    return f"{difference:,.0f} ({format_percent(difference / baseline['peak_allocated_mib'])})"
+
+
+def strategy_cell(run):
+    config = run["config"]
+    unsharded = " unsharded (1 rank)" if config.world_size == 1 and config.strategy != "ddp" else ""
+    return config.strategy + unsharded
+
+
+def sharding_line(run, baseline, with_epochs, named_window):
+    phases = phase_ms(run["analysis"])
+    syncs = [phases[name] for name in ("parameter_sync", "parameter_sync_before_forward") if phases[name] is not None]
+    kinds, volume = collectives_cells(run["analysis"])
+    state, expected = state_cells(run["analysis"])
+    row = row_of([run], run["status"])
+    memory = memory_cell(row, named_window)
+    return ([strategy_cell(run), rank0_cell(row)] + ([epochs_cell(run)] if with_epochs else [])
+            + [format_rate(rate(run)), versus_ddp(run, baseline),
+               format_number(phases["forward"], 2), format_number(phases["backward"], 2),
+               format_number(phases["optimizer_step"], 2), format_number(sum(syncs) if syncs else None, 2),
+               format_number((run["analysis"] or {}).get("host_phase_sum_ms_median"), 2), kinds, volume, state,
+               expected, memory, peak_saving(run, baseline), format_status(row)])
+
+
+def launch_title(members, base):
+    """The launch's files as one pattern, and what it ran: e.g. `results/x/s-*` · 2 GPUs, 256 img/GPU."""
+    paths = sorted(display_path(run["path"], base) for run in members)
+    prefix = os.path.commonprefix(paths)
+    pattern = paths[0] if len(paths) == 1 else (prefix.rstrip("-_") + "-*" if prefix.endswith(("-", "_")) else
+                                                 prefix + "*")
+    config = members[0]["config"]
+    devices = f"{devices_text(config)} {unit_of(config) if config.world_size == 1 else units_of(config)}"
+    return f"`{pattern}` · {devices}, {config.batch_size_per_device} img/{unit_of(config)}"
+
+
+def sharding_table(members, base, labels=None):
+    """One oss_benchmark.py launch: every strategy against the ddp run of that launch."""
+    baseline = next((run for run in members if run["config"].strategy == "ddp" and run["status"] == "ok"), None)
+    with_epochs = any((run["epochs"] or {}).get("count") for run in members)
+    windows = {run["memory_window"] for run in members if run["peak_allocated_mib"] is not None}
+    lines = [sharding_line(run, baseline, with_epochs, len(windows) > 1) for run in members]
+    header = (["strategy", "Median throughput (img/s) (rank 0) ± MAD"]
+              + (["per epoch: median ± MAD (epochs × steps)"] if with_epochs else [])
+              + ["Throughput (img/s)", "vs ddp", "forward ms", "backward ms", "optimizer step ms", "parameter sync ms",
+                 "host ms per step", "collectives per step", "MiB per step measured (analytic)",
+                 "optimizer state MiB/rank", "expected state saving MiB", memory_header("Peak memory", windows),
+                 "peak saving vs ddp (MiB)", "status"])
+    failures = [f"- ✗ {run['status']} in `{run['path'].name}`: {failure_text(run)}"
+                for run in members if run["status"] != "ok"]
+    notes = failures + noisy_notes([row_of([run], run["status"]) for run in members])
+    title = wrap(f"**Sharding strategies, one launch** ({launch_title(members, base)})")
+    return "\n\n".join([title, table(header, lines), *(["\n".join(notes)] if notes else [])])
+
+
+def sharding_tables(runs, base):
+    return [sharding_table(members, base) for members in launches(runs)]
+
+
+SHARDING_EXPLANATION = wrap(
+    "Sharding tables (oss_benchmark.py): one per launch, never mixing two; each strategy against the ddp run of its "
+    "own launch. vs ddp = rank 0's median throughput over that of the launch's ddp run; the phases are rank 0's "
+    "medians over the instrumented pass (CUDA events, no host "
+    "synchronisation); host ms per step = the host's time to queue one step's phases; collectives and MiB per step "
+    "come from the profiled pass (torch.profiler), next to the analytic volume; optimizer state = the largest rank's; "
+    "peak saving = the ddp run's peak memory minus the strategy's, over the same window.")
+
+
+# ---------------------------------------------------------------------------- comparisons (compare.py)
+
+def comparison_of(path, document):
+    """A compare.py comparison in a few fields, or None where it lacks what a table needs."""
+    interval = document.get("interval_95")
+    if not is_number(document.get("ratio")) or not (isinstance(interval, list) and len(interval) == 2
+                                                      and all(is_number(value) for value in interval)):
+        return None
+    commands = document.get("commands") or {}
+    pairs = document.get("pairs")
+    return {"path": path, "a": commands.get("a") or document.get("a"), "b": commands.get("b") or document.get("b"),
+            "ratio": document["ratio"], "interval": tuple(interval),
+            "pairs": len(pairs) if isinstance(pairs, list) else pairs,
+            "rounds": len(document["rounds"]) if isinstance(document.get("rounds"), list) else None,
+            "like_for_like": document.get("like_for_like", True), "status": document.get("status", "ok")}
+
+
+def comparison_rows(comparisons):
+    rows = [comparison_of(path, document) for path, document in comparisons]
+    return sorted((row for row in rows if row and row["status"] == "ok"), key=lambda row: str(row["path"]))
+
+
+def comparisons_table(comparisons, base):
+    """B against A from compare.py's paired rounds: the ratio with its 95 % interval."""
+    lines = []
+    for row in comparison_rows(comparisons):
+        low, high = row["interval"]
+        label = "" if row["like_for_like"] else f" {ACROSS_BUILDS}"
+        lines.append([f"`{row['a']}`", f"`{row['b']}`", f"{row['ratio']:.3f}{label}", f"{low:.3f}–{high:.3f}",
+                      str(row["pairs"]), f"`{display_path(row['path'], base)}`"])
     if not lines:
         return None
-    header = [units, f"batch (img/{unit})", "strategy", "Median throughput (img/s) (rank 0) ± MAD",
-              "Throughput (img/s)", "Throughput vs ddp", memory_header("Peak memory", windows), "Memory saved vs ddp",
-              "status"]
-    return "\n\n".join(["**Sharding strategies** (oss_benchmark.py; against its ddp strategy of the same "
-                        "configuration)", table(header, lines)])
+    header = ["A", "B", "B / A throughput", "95 % interval", "pairs", "file"]
+    return "\n\n".join(["**Comparisons** (compare.py: A and B alternated in ABBA order on one machine)",
+                        table(header, lines)])
 
 
-EXPLANATION = ("Each row is one configuration. Throughput = images of all ranks / wall time of the timed steps; "
-               "rank 0's median throughput ± MAD comes from its per-step times; peak memory = the largest "
-               "`max_memory_allocated` over the ranks (n/a on the CPU), over the steps its column or figure names "
-               "(figures over different steps are never compared). Repeats of a configuration that ended ok "
-               "are aggregated: the median over the runs, and the spread (max − min) / median of their "
-               "throughput. Runs that did not end ok (✗) get a row each and stay out of every comparison. "
-               f"\"{NOISY}\" marks results that found their own run unsteady (its two halves differ, or the host "
-               "bounds the step): one such run is not enough.")
+# ---------------------------------------------------------------------------- the report
+
+EXPLANATION = wrap(
+    "Each row is one configuration. Throughput = images of all ranks / wall time of the timed steps; rank 0's median "
+    "throughput ± MAD comes from its per-step times; MFU = achieved FLOP/s over the GPU's dense peak (— where there "
+    "is no peak, as on the CPU); peak memory = the largest `max_memory_allocated` over the ranks (n/a on the CPU), "
+    "over the steps its column or figure names (figures over different steps are never compared). Repeats of a "
+    "configuration that ended ok are aggregated: the median over the runs, the range over every run and its spread "
+    "(max − min) / median, and how many runs and machines they are. Runs that did not end ok (✗) get a row each and "
+    "stay out of every comparison. A ratio is computed only between runs of the same machine (GPU UUIDs), commit and "
+    f"software; any other pair is labelled \"{ACROSS_MACHINES}\" or \"{ACROSS_BUILDS}\". \"{NOISY}\" marks results "
+    "that found their own run unsteady (its two halves differ, or the host bounds the step): one such run is not "
+    f"enough; \"{UNKNOWN_STABILITY}\" marks results written before the scripts judged it.")
 
 
-def render_markdown(runs, base, heading="###"):
+def runs_of(rows):
+    return [run for row in rows for run in row["runs"]]
+
+
+def render_markdown(runs, base, heading="###", comparisons=()):
     """The report as deterministic Markdown: everything sorted, no clock. Paths relative to base."""
     if not runs:
         return NO_RESULTS + "\n"
-    rows, varying = aggregate(runs), varying_options(runs)
-    setups = rows_by_setup(rows)
+    setups = rows_by_setup(aggregate(runs))
     parts = [EXPLANATION]
     for setup in sorted(setups, key=order):
         setup_rows = setups[setup]
+        labels = option_labels({row["config"] for row in setup_rows})
         parts += [f"{heading} {setup_title(setup)}", sources_text(setup_rows, base)]
-        tables = (all_runs_table(setup_rows, varying), scaling_table(setup_rows, varying, "per_device"),
-                  scaling_table(setup_rows, varying, "global"), lightning_table(setup_rows, varying),
-                  sharding_table(setup_rows, varying))
+        tables = (all_runs_table(setup_rows, labels), scaling_table(setup_rows, labels, "per_device"),
+                  scaling_table(setup_rows, labels, "global"), lightning_table(setup_rows, labels))
         parts += [text for text in tables if text]
+        parts += sharding_tables(runs_of(setup_rows), base)
+    if any(run["config"].benchmark == OSS for run in runs):
+        parts.append(SHARDING_EXPLANATION)
+    compared = comparisons_table(comparisons, base)
+    if compared:
+        parts += [f"{heading} Comparisons", compared]
     return "\n\n".join(parts) + "\n"
+
+
+def render_sharding(runs, base):
+    """Only the sharding tables, one per oss_benchmark.py launch (what oss_benchmark.py --table printed)."""
+    tables = sharding_tables(runs, base)
+    if not tables:
+        raise UsageError("no oss_benchmark.py result among the inputs: --sharding shows its tables only")
+    return "\n\n".join(tables + [SHARDING_EXPLANATION]) + "\n"
 
 
 # ---------------------------------------------------------------------------- plots
 
-def row_label(config, varying):
+def row_label(config, labels):
     devices = f"{devices_text(config)} {unit_of(config) if config.world_size == 1 else units_of(config)}"
     batch = (f"{config.batch_size_per_device} img/{unit_of(config)}" if config.batch_mode == "per_device"
              else f"global batch {config.global_batch_size:,}")
-    return f"{config.benchmark} · {strategy_text(config, varying)} · {devices} · {batch}"
+    return f"{config.benchmark} · {strategy_text(config, labels)} · {devices} · {batch}"
 
 
 def slug(text):
@@ -788,15 +1293,12 @@ def slug(text):
     return name if len(name) <= 90 else f"{name[:81]}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
 
-def write_plots(runs, directory):
-    """Throughput against GPU count, step-time distributions and peak memory, one PNG of each per setup."""
+def prepare_plots(directory):
+    """matplotlib and the plots' folder, checked before anything is printed or written."""
     try:
         import matplotlib
     except ImportError:
         raise UsageError("--plots needs matplotlib: pip install matplotlib (or pip install -e '.[report]')")
-    matplotlib.use("Agg")  # headless: no display on a cluster or in CI
-    import matplotlib.pyplot as plt
-
     directory = pathlib.Path(directory)
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"--plots {directory} is a file, not a folder")
@@ -804,13 +1306,22 @@ def write_plots(runs, directory):
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UsageError(f"--plots {directory}: cannot be written ({error.strerror})")
-    rows, varying = aggregate(runs), varying_options(runs)
-    setups = rows_by_setup(rows)
+
+
+def write_plots(runs, directory):
+    """Throughput against GPU count, step-time distributions and peak memory, one PNG of each per setup."""
+    import matplotlib
+    matplotlib.use("Agg")  # headless: no display on a cluster or in CI
+    import matplotlib.pyplot as plt
+
+    directory = pathlib.Path(directory)
+    setups = rows_by_setup(aggregate(runs))
     written, notes = [], []
     for setup in sorted(setups, key=order):
         setup_rows, title, name = setups[setup], setup_title(setup), slug(setup_title(setup))
+        labels = option_labels({row["config"] for row in setup_rows})
         for kind, plot in (("scaling", plot_scaling), ("step_times", plot_step_times), ("memory", plot_memory)):
-            figure = plot(plt, setup_rows, varying, title)
+            figure = plot(plt, setup_rows, labels, title)
             if figure is None:
                 notes.append(f"no {kind.replace('_', ' ')} plot for {title}: nothing to show "
                              f"({'no GPU memory counters' if kind == 'memory' else 'no comparable runs'})")
@@ -830,7 +1341,7 @@ def tick_text(value, _position):
     return f"{value:,.0f}" if abs(value) >= 10 or value == 0 else f"{value:g}"
 
 
-def plot_scaling(plt, rows, varying, title):
+def plot_scaling(plt, rows, labels, title):
     panels = [(mode, series) for mode, series in (("per_device", scaling_series(rows, "per_device")),
                                                   ("global", scaling_series(rows, "global"))) if series]
     if not panels:
@@ -850,7 +1361,7 @@ def plot_scaling(plt, rows, varying, title):
             batch = (f"{config.batch_size_per_device} img/{unit}" if mode == "per_device"
                      else f"global batch {config.global_batch_size:,}")
             axis.plot(sizes, rates, "o-", color=color,
-                      label=f"{config.benchmark} · {strategy_text(config, varying)} · {batch}")
+                      label=f"{config.benchmark} · {strategy_text(config, labels)} · {batch}")
             ideal = [base["images_per_second"] * size / config.world_size for size in sizes]
             # One legend entry says what every dashed line is.
             axis.plot(sizes, ideal, "--", color=color, alpha=0.6,
@@ -868,7 +1379,7 @@ def plot_scaling(plt, rows, varying, title):
     return figure
 
 
-def plot_step_times(plt, rows, varying, title):
+def plot_step_times(plt, rows, labels, title):
     shown = [row for row in rows if row["status"] == "ok" and row["step_times_ms"]]
     if not shown:
         return None
@@ -882,7 +1393,7 @@ def plot_step_times(plt, rows, varying, title):
                  meanprops={"marker": "^", "markerfacecolor": "white", "markeredgecolor": "black"},
                  medianprops={"color": "tab:orange"}, flierprops={"marker": ".", "markersize": 3})
     axis.set_yticks(range(1, len(shown) + 1),
-                    [f"{row_label(row['config'], varying)} (n={len(row['step_times_ms'])})" for row in reversed(shown)],
+                    [f"{row_label(row['config'], labels)} (n={len(row['step_times_ms'])})" for row in reversed(shown)],
                     fontsize=8)
     axis.set_xlabel("Step time (ms), every timed step of every rank and repeat")
     medians = [statistics.median(row["step_times_ms"]) for row in shown]
@@ -903,7 +1414,7 @@ def plot_step_times(plt, rows, varying, title):
     return figure
 
 
-def plot_memory(plt, rows, varying, title):
+def plot_memory(plt, rows, labels, title):
     measured = [row for row in rows if row["status"] == "ok" and row["memory"]]
     if not measured:
         return None
@@ -919,7 +1430,7 @@ def plot_memory(plt, rows, varying, title):
                                  for value, row in zip(allocated, shown)], padding=3, fontsize=7)
     # Each bar names its memory window where the bars mix them.
     windows = {common_window(row) for row in measured}
-    axis.set_yticks(positions, [row_label(row["config"], varying) + (f" · {common_window(row)}" if len(windows) > 1
+    axis.set_yticks(positions, [row_label(row["config"], labels) + (f" · {common_window(row)}" if len(windows) > 1
                                                                       and row in measured else "")
                                 for row in shown], fontsize=8)
     axis.set_xlabel("Peak memory per rank (MiB, largest over the ranks" +
@@ -930,6 +1441,415 @@ def plot_memory(plt, rows, varying, title):
     figure.legend(fontsize=8, loc="outside lower center", ncols=2)
     axis.set_title(f"Peak GPU memory per strategy\n{title}", fontsize=10)
     return figure
+
+
+
+
+# ---------------------------------------------------------------------------- generated answers
+
+ANSWER_DOCUMENTS = ("README.md", "docs/performance.md", "docs/sharding.md", "lightning/README.md")
+ANSWER_BLOCK = re.compile(r"(?P<open><!-- answers:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)"
+                          r"(?P<close><!-- /answers:(?P=name) -->)", re.DOTALL)
+ANY = object()  # a setting an answer does not restrict
+# What the native script runs without options on one H200 (upgraded results record every one of these).
+DEFAULT_RUN = {"benchmark": NATIVE, "strategy": "ddp", "device": "cuda", "model": "resnet50", "image_size": 224,
+               "precision": "bf16", "memory_format": "channels_last", "optimizer": "sgd", "compile_mode": None,
+               "batch_mode": "per_device", "batch_size_per_device": 256, "world_size": 1, "num_nodes": 1,
+               **OPTION_DEFAULTS, "loss_scale": None, "cudnn_benchmark": True, "cudnn_benchmark_limit": 10,
+               "compiled_ddp": None, "inductor_environment": None, "nccl_environment": None}
+TWIN = {"benchmark": LIGHTNING, "strategy": "lightning_ddp"}
+FASTEST = {"precision": "fp16", "loss_scale": 1024.0, "compile_mode": "default", "coordinate_descent_tuning": True,
+           "cuda_graphs": True, "stem_conv": "space_to_depth", "max_pool_backward": "dense", "batch_norm": "sums"}
+COMPILED_TWO = {"world_size": 2, "compile_mode": "default", "compiled_ddp": "ddp_optimizer"}
+COMPUTATION_SETTINGS = ("stem_conv", "max_pool_backward", "batch_norm")
+# The interleaved measurement of the twin's loop lives in experiments/, not in results/: quoted as it stands.
+INTERLEAVED = ("0.956 (29 runs on 5 machines, 95 % interval 0.953–0.960)",
+               "experiments/lightning-interleaved/README.md")
+
+
+def setting_of(run, name):
+    config = run["config"]
+    if name in Config._fields:
+        return getattr(config, name)
+    options = dict(config.options)
+    return json.loads(options[name]) if name in options else None
+
+
+def pick(runs, **settings):
+    """The ok runs of DEFAULT_RUN changed by settings (ANY: whatever they ran; a tuple: any of its values); options
+    that do not apply to a run (DDP's on one rank) are not asked of it."""
+    wanted = {**DEFAULT_RUN, **settings}
+    return [run for run in runs if run["status"] == "ok" and all(
+        value is ANY or not applies(name, run["config"]) or matches(setting_of(run, name), value)
+        for name, value in wanted.items())]
+
+
+def matches(setting, wanted):
+    return setting in wanted if isinstance(wanted, tuple) else setting == wanted
+
+
+def counted(runs, what="run"):
+    count, machines = len(runs), len({run["machine"] for run in runs} - {None})
+    return f"{count} {what}{'s' * (count != 1)} on {machines} machine{'s' * (machines != 1)}"
+
+
+def rates_text(runs, digits=0):
+    """The range of throughput over every run, with how many runs and machines: '4,698–4,751 img/s (27 runs on
+    14 machines)'."""
+    if not runs:
+        return "not measured"
+    rates = [rate(run) for run in runs]
+    return f"{range_text(rates, lambda value: f'{value:,.{digits}f}')} img/s ({counted(runs)})"
+
+
+def median_text(runs):
+    rates = [rate(run) for run in runs]
+    return (f"{statistics.median(rates):,.0f} img/s (median of {counted(runs)}, "
+            f"{range_text(rates, lambda value: f'{value:,.0f}')})")
+
+
+def mfu_text(runs):
+    values = [run["mfu"] for run in runs if run["mfu"] is not None]
+    return f"{range_text(values, percent_text)} %" if values else NO_PEAK
+
+
+def ratio_of(numerators, denominators, as_percent=False):
+    """B / A under the pairing rules: the range over every like-for-like run of B with their count, else the medians'
+    ratio labelled (never a headline)."""
+    if not numerators or not denominators:
+        return "not measured"
+    text = (lambda value: f"{value * 100:.1f}") if as_percent else ratio_text
+    unit = " %" if as_percent else ""
+    paired = paired_ratios(numerators, denominators)
+    if paired.values:
+        unpaired = len(numerators) - len(paired.runs)
+        alone = f"; {unpaired} more unpaired" if unpaired else ""
+        return f"{range_text(paired.values, text)}{unit} ({counted(paired.runs)}{alone})"
+    median = statistics.median(map(rate, numerators)) / statistics.median(map(rate, denominators))
+    return f"{text(median)}{unit}, {paired.label}"
+
+
+def scaling_values(runs, base_runs):
+    """(efficiencies, their runs) of the runs that have base runs of their GPUs, commit and software."""
+    if not runs or not base_runs:
+        return [], []
+    base_count = min(run["config"].world_size for run in base_runs)
+    paired = [(run, scaling_figures(run, base_runs, base_count)) for run in runs]
+    paired = [(run, figures[1]) for run, figures in paired if figures]
+    return [value for _, value in paired], [run for run, _ in paired]
+
+
+def scaling_of(runs, base_runs):
+    """Scaling efficiency of each run against base runs on its own GPUs (same commit and software), as a range."""
+    if not runs:
+        return "not measured"
+    values, paired = scaling_values(runs, base_runs)
+    if not values:
+        return f"{ACROSS_MACHINES}: no base runs of its GPUs, commit and software"
+    unpaired = len(runs) - len(paired)
+    alone = f"; {unpaired} more unpaired" if unpaired else ""
+    return f"{range_text(values, percent_text)} % ({counted(paired)}{alone})"
+
+
+def loss_text(runs, base_runs):
+    """What scaling loses from the ideal, 1 - efficiency, as a range: '1.7–2.3 %'."""
+    values, _ = scaling_values(runs, base_runs)
+    return f"{range_text([100 * (1 - value) for value in values], lambda value: f'{value:.1f}')} %"
+
+
+def link(path, base):
+    return f"[{pathlib.Path(path).stem}]({os.path.relpath(path, base)})"
+
+
+def files_text(runs, base, limit=3):
+    """Links to the result files, or to their campaign folders where there are more than limit."""
+    paths = sorted({run["path"].resolve() for run in runs})
+    if len(paths) <= limit:
+        return ", ".join(link(path, base) for path in paths)
+    folders = sorted({path.parent for path in paths})
+    shown = ", ".join(f"[{folder.name}]({os.path.relpath(folder, base)}/)" for folder in folders[:limit])
+    more = f" and {len(folders) - limit} more" if len(folders) > limit else ""
+    return f"{len(paths)} files in {shown}{more}"
+
+
+class Evidence:
+    """The committed runs and launches an answer document draws on, with the document's folder for its links."""
+
+    def __init__(self, runs, document, root=REPOSITORY):
+        self.runs, self.base = runs, (pathlib.Path(root) / document).parent
+        self.launches = launches(runs)
+
+    def pick(self, **settings):
+        return pick(self.runs, **settings)
+
+    def files(self, *groups, limit=3):
+        return files_text([run for group in groups for run in group], self.base, limit)
+
+    def sharding(self, strategy, **settings):
+        """(ratios of rank 0's medians strategy / ddp, one per launch that ran both under settings, those runs)."""
+        ratios, used = [], []
+        for members in self.launches:
+            chosen = pick(members, benchmark=OSS, strategy=strategy, **settings)
+            baselines = pick(members, benchmark=OSS, strategy="ddp", **settings)
+            if chosen and baselines and unlike(chosen[0], baselines[0]) is None:
+                ratios.append(chosen[0]["rank0_median"] / baselines[0]["rank0_median"])
+                used += [chosen[0], baselines[0]]
+        return ratios, used
+
+
+SHARDING_SGD = {"fsdp_units": "model", "fsdp_param_dtype": "fp32", "preset": None, "cudnn_deterministic": False,
+                "world_size": 2, "optimizer_impl": ANY, "cudnn_benchmark_limit": ANY, "comm_hook": ANY,
+                "coordinate_descent_tuning": ANY}
+
+
+def launches_text(ratios, used):
+    if not ratios:
+        return "not measured"
+    launched = len(ratios)
+    return (f"{range_text(ratios, percent_text)} % ({launched} launch{'es' * (launched != 1)} on "
+            f"{len({run['machine'] for run in used})} machine{'s' * (len({run['machine'] for run in used}) != 1)})")
+
+
+def summary_answers(evidence):
+    """README.md's results summary: the table and the sentence under it."""
+    e = evidence
+    default, fastest = e.pick(), e.pick(**FASTEST)
+    two, two_nobb = e.pick(world_size=2), e.pick(world_size=2, broadcast_buffers=False)
+    compiled_base, compiled = e.pick(compile_mode="default"), e.pick(**COMPILED_TWO, bucket_cap_mb=50.0,
+                                                                     broadcast_buffers=False)
+    twin_one = e.pick(**TWIN)
+    matched_two = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=False, lightning_sigterm_sync=False)
+    stock_pieces = e.pick(**TWIN, world_size=2, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
+                          lightning_ddp_side_stream=ANY)
+    native_no_views = e.pick(world_size=2, gradient_as_bucket_view=False)
+    sharding = {name: e.sharding(name, **SHARDING_SGD) for name in SHARDING_ORDER[1:]}
+    ddp_runs = [run for _, used in sharding.values() for run in used if run["config"].strategy == "ddp"]
+    peaks = sorted({run["peak_allocated_mib"] for run in ddp_runs})
+    saved = [run["analysis"]["memory"]["expected_optimizer_state_saving_bytes_vs_ddp"] / MIB
+             for _, used in sharding.values() for run in used if run["config"].strategy == "zero1"]
+    sharding_link = "[docs/sharding.md](docs/sharding.md#measured-on-2--h200)"
+    rows = [
+        ["DDP speed", "1 GPU, eager (the default)", rates_text(default), e.files(default)],
+        ["DDP speed", "1 GPU, fastest mode measured (fp16, compiled, captured, tuned)", median_text(fastest),
+         "[docs/performance.md](docs/performance.md#the-fastest-mode)"],
+        ["DDP scaling", "2 GPUs, eager, weak scaling", scaling_of(two, default), e.files(two)],
+        ["DDP scaling", "2 GPUs, eager, `--no-broadcast-buffers`", scaling_of(two_nobb, default), e.files(two_nobb)],
+        ["DDP scaling", "2 GPUs, compiled, 50 MB buckets, no buffer broadcast", scaling_of(compiled, compiled_base),
+         e.files(compiled)],
+        ["Lightning cost", "1 GPU (no DDP: stock and matched run alike) / native", ratio_of(twin_one, default),
+         e.files(twin_one)],
+        ["Lightning cost", "2 GPUs, DDP on the current stream, no SIGTERM broadcast (the matched variant's pieces) / "
+         "native", ratio_of(matched_two, two), e.files(matched_two)],
+        ["Lightning cost", "2 GPUs, stock's side stream and SIGTERM broadcast / native, DDP's bucket views off",
+         ratio_of(stock_pieces, native_no_views), e.files(stock_pieces)],
+        ["Lightning cost", "1 GPU, 32 images (host-bound), matched, interleaved", INTERLEAVED[0],
+         f"[experiments/lightning-interleaved]({INTERLEAVED[1]})"],
+        *[["sharding speed", f"2 GPUs, {label} / DDP", launches_text(*sharding[name]), sharding_link]
+          for name, label in (("oss_ddp", "OSS + DDP"), ("oss_sharded_ddp", "OSS + ShardedDDP"),
+                              ("fsdp_zero2", "FSDP2 ZeRO-2 (one unit)"))],
+        ["sharding memory", "2 GPUs, optimizer state saved (SGD) / peak",
+         f"{range_text(saved, lambda value: f'{value:.1f}')} MiB of "
+         f"{range_text(peaks, lambda value: f'{value:,.0f}')} MiB", sharding_link]]
+    return "\n\n".join([table(["question", "configuration", "result", "raw files"], rows),
+                        summary_sentence(e, default, two, two_nobb, compiled_base, sharding)])
+
+
+def summary_sentence(e, default, two, two_nobb, compiled_base, sharding):
+    """The sentence under the summary table, its figures from the same runs."""
+    compiled = e.pick(**COMPILED_TWO, bucket_cap_mb=ANY, broadcast_buffers=ANY)
+    sigterm = e.pick(**TWIN, world_size=2, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
+                     lightning_ddp_side_stream=ANY)
+    without = e.pick(**TWIN, world_size=2, gradient_as_bucket_view=False, lightning_sigterm_sync=False,
+                     lightning_ddp_side_stream=ANY)
+    side = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False)
+    costs = [1 - ratio for name in SHARDING_ORDER[1:] for ratio in sharding[name][0]]
+    broadcast = paired_ratios(sigterm, without).values
+    streams = paired_ratios(side, two).values
+    return wrap(
+        f"In short: DDP on NVLink loses {loss_text(two, default)} from 1 to 2 GPUs eager with the scripts' defaults "
+        f"({loss_text(two_nobb, default)} with `--no-broadcast-buffers`) and {loss_text(compiled, compiled_base)} "
+        "compiled (the compiled step runs at the power limit); "
+        "stock Lightning costs nothing measurable on one GPU where the GPU sets the pace, but on two GPUs its SIGTERM "
+        f"broadcast costs {range_text([100 * (1 - value) for value in broadcast], lambda value: f'{value:.1f}')} % "
+        "(the twin with it against the twin without it, one machine) and DDP on its side stream "
+        f"{range_text([100 * (1 - value) for value in streams], lambda value: f'{value:.1f}')} %, and its loop 4 % "
+        "when the host sets the pace; sharding ResNet-50 saves under 1 % of the peak memory and costs "
+        f"{range_text([100 * value for value in costs], lambda value: f'{value:.1f}')} % of the speed over every "
+        "committed launch, most in fairscale (why: `docs/sharding.md`). Ratios come only from runs of one machine, "
+        "commit and software; ranges cover every committed repeat. The full generated report of every committed "
+        "result is `docs/results.md`; `docs/performance.md` answers the speed questions.")
+
+
+def performance_answers(e):
+    """docs/performance.md's answers table."""
+    default, fastest = e.pick(), e.pick(**FASTEST)
+    two, two_nobb = e.pick(world_size=2), e.pick(world_size=2, broadcast_buffers=False)
+    compiled_base = e.pick(compile_mode="default")
+    compiled = e.pick(**COMPILED_TWO, bucket_cap_mb=50.0, broadcast_buffers=False)
+    every_compiled = e.pick(**{**COMPILED_TWO, "compiled_ddp": ANY}, bucket_cap_mb=ANY, broadcast_buffers=ANY)
+    small = {"batch_size_per_device": 32}
+    twins = [("1 GPU, 256", e.pick(**TWIN), default),
+             ("2 GPUs, 256, DDP on the current stream", e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=False,
+                                                               lightning_sigterm_sync=False), two),
+             ("2 GPUs, 256, DDP on Lightning's side stream (stock's)",
+              e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False), two),
+             ("1 GPU, 32, `--compile --cuda-graphs`", e.pick(**TWIN, **small, compile_mode="default", cuda_graphs=True),
+              e.pick(**small, compile_mode="default", cuda_graphs=True)),
+             ("1 GPU, the fastest mode", e.pick(**TWIN, **FASTEST), fastest)]
+    rows = [
+        ["default speed, one H200, 256 images", f"{rates_text(default)}, MFU {mfu_text(default)} (eager, bf16, "
+         "channels_last)", "[What a result's numbers are worth](#what-a-results-numbers-are-worth)"],
+        ["fastest measured, one H200", f"{median_text(fastest)}, MFU {mfu_text(fastest)}; against the default on "
+         f"the same GPU: {ratio_of(fastest, default)}", "[The fastest mode](#the-fastest-mode)"],
+        ["two GPUs, eager", f"{scaling_of(two_nobb, default)} scaling with `--no-broadcast-buffers`, "
+         f"{scaling_of(two, default)} with the scripts' defaults", "[Two GPUs](#two-gpus-scaling)"],
+        ["two GPUs, compiled", f"{scaling_of(compiled, compiled_base)} with 50 MB buckets and no buffer broadcast; "
+         f"{scaling_of(every_compiled, compiled_base)} over every compiled 2-GPU run: the compiled step runs at the "
+         "H200's 700 W power limit", "[Compiled](#compiled-steps-on-two-gpus)"],
+        ["32 images per GPU", f"eager is host-bound: {rates_text(e.pick(**small))}; captured "
+         f"{rates_text(e.pick(**small, cuda_graphs=True))}; compiled and captured "
+         f"{rates_text(e.pick(**small, compile_mode='default', cuda_graphs=True))}",
+         "[32 images](#one-gpu-32-images-host-bound)"],
+        ["the twin against native", "; ".join(f"{label}: {ratio_of(twin, native)}" for label, twin, native in twins)
+         + f"; host-bound, 1 GPU, 32 eager, interleaved in one process: {INTERLEAVED[0]}",
+         "[The twin](#the-lightning-twin-in-these-modes)"]]
+    return table(["question", "answer", "evidence"], rows)
+
+
+ONE_GPU_MODES = [  # docs/performance.md's one-GPU table: (mode, settings, bold)
+    ("eager fp32 with TF32 (`--precision fp32`)", {"precision": "fp32"}, False),
+    ("eager bf16, channels_last (the default)", {}, True),
+    ("eager bf16, `--cuda-graphs`", {"cuda_graphs": True}, False),
+    ("eager fp16 with PyTorch's GradScaler (`--precision fp16`)", {"precision": "fp16", "loss_scale": "dynamic"},
+     False),
+    ("eager fp16, `--loss-scale 1024`", {"precision": "fp16", "loss_scale": 1024.0}, False),
+    ("`--compile`, bf16", {"compile_mode": "default"}, False),
+    ("`--compile`, fp16 with the GradScaler", {"compile_mode": "default", "precision": "fp16", "loss_scale": "dynamic"},
+     False),
+    ("`--compile --cuda-graphs`, bf16", {"compile_mode": "default", "cuda_graphs": True}, False),
+    ("`--compile --cuda-graphs`, bf16, 512 images", {"compile_mode": "default", "cuda_graphs": True,
+                                                     "batch_size_per_device": 512}, False),
+    ("`--compile --cuda-graphs --coordinate-descent-tuning`, bf16", {"compile_mode": "default", "cuda_graphs": True,
+                                                                      "coordinate_descent_tuning": True}, False),
+    ("`--compile-mode max-autotune-no-cudagraphs --cuda-graphs`, bf16, convolutions left to cuDNN "
+     "(`TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS=ATEN`)",
+     {"compile_mode": "max-autotune-no-cudagraphs", "cuda_graphs": True, "coordinate_descent_tuning": True,
+      "inductor_environment": {"TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS": "ATEN"}}, False),
+    ("`--compile --cuda-graphs --coordinate-descent-tuning`, fp16 `--loss-scale 1024`",
+     {key: value for key, value in FASTEST.items() if key not in COMPUTATION_SETTINGS}, False),
+    ("+ `--space-to-depth-stem --dense-max-pool-backward`", {**FASTEST, "batch_norm": "torchvision"}, False),
+    ("+ `--sums-batch-norm`: the fastest mode", FASTEST, True)]
+
+
+def one_gpu_answers(e):
+    """docs/performance.md's one-GPU table: every repeat of each mode, against the default on the same GPU."""
+    default, rows = e.pick(), []
+    for mode, settings, bold in ONE_GPU_MODES:
+        runs = e.pick(**settings)
+        rates = [rate(run) for run in runs]
+        figure = "not measured" if not runs else f"{rates[0]:,.0f} ({counted(runs)})" if len(runs) == 1 else \
+            f"{statistics.median(rates):,.0f} ({range_text(rates, lambda value: f'{value:,.0f}')}; {counted(runs)})"
+        against = "1.00" if not settings else ratio_of(runs, default)
+        strong = (lambda text: f"**{text}**") if bold else (lambda text: text)
+        of_tf32 = " of TF32" if settings.get("precision") == "fp32" and runs else ""  # TF32's peak is the divisor
+        rows.append([strong(mode), strong(figure), against, mfu_text(runs) + of_tf32, e.files(runs, limit=2)])
+    return table(["mode (options)", "img/s: median (range; runs)", "× default (same GPU, commit and software)", "MFU",
+                  "files"], rows)
+
+
+def sharding_answers(e):
+    """docs/sharding.md's table of one launch at 224 px (SGD), each strategy also over every launch like it."""
+    members = next(members for members in e.launches
+                   if members[0]["path"].name.startswith("x5-sharding-2gpu-bf16-256-sgd-"))
+    baseline = next(run for run in members if run["config"].strategy == "ddp")
+    rows = []
+    for run in members:
+        analysis = run["analysis"] or {}
+        phases = phase_ms(analysis)
+        syncs = [phases[name] for name in ("parameter_sync", "parameter_sync_before_forward") if phases[name]]
+        host = analysis.get("host_phase_sum_ms_median_per_rank") or []
+        ratios, used = e.sharding(run["config"].strategy, **SHARDING_SGD) if run is not baseline else ([1.0], [run])
+        saved = baseline["peak_allocated_mib"] - run["peak_allocated_mib"]
+        rows.append([run["config"].strategy, rank0_cell(row_of([run], "ok")), versus_ddp(run, baseline),
+                     launches_text(ratios, used) if run is not baseline else "100.0 %",
+                     " / ".join(format_number(phases[name], 2) for name in ("forward", "backward", "optimizer_step"))
+                     + f" / {format_number(sum(syncs) if syncs else None, 2)}",
+                     " / ".join(format_number(value, 1) for value in host) or "–",
+                     format_number(analysis.get("phase_sum_ms_median"), 1), collectives_cells(analysis)[0],
+                     f"{format_mib(run['peak_allocated_mib'])}" + (f" ({saved:,.0f})" if run is not baseline else "")])
+    return table(["strategy", "img/s (rank 0) ± MAD", "vs ddp", "vs ddp, every launch like it",
+                  "forward / backward / step / sync ms", "host ms per step", "GPU ms per step", "collectives per step",
+                  "peak MiB (saved)"], rows)
+
+
+def lightning_answers(e):
+    """lightning/README.md's cost table: each twin run against the native runs of its machine, commit and software."""
+    two, no_views = e.pick(world_size=2), e.pick(world_size=2, gradient_as_bucket_view=False)
+    twin_two = {**TWIN, "world_size": 2}
+    cases = [("stock pieces both (side stream, SIGTERM broadcast; bucket views off)",
+              e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
+                     lightning_ddp_side_stream=ANY), no_views),
+             ("side stream only (no broadcast; bucket views off)",
+              e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=False,
+                     lightning_ddp_side_stream=ANY), no_views),
+             ("side stream only (bucket views on)",
+              e.pick(**twin_two, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False), two),
+             ("DDP on the current stream, no broadcast (the matched variant's pieces)",
+              e.pick(**twin_two, lightning_ddp_side_stream=False, lightning_sigterm_sync=False), two),
+             ("one GPU (no DDP, no broadcast: stock and matched run alike)", e.pick(**TWIN), e.pick())]
+    rows = []
+    for label, twins, natives in cases:
+        partners = [base for base in natives if any(unlike(run, base) is None for run in twins)] or natives
+        rows.append([label, rates_text(twins), rates_text(partners), ratio_of(twins, natives),
+                     e.files(twins, partners, limit=4)])
+    return table(["run (256 per GPU)", "Lightning img/s", "native img/s (its partners, else every one)",
+                  "Lightning / native", "files"], rows)
+
+
+def answer_blocks(evidence_of):
+    """{name: (document, text)} of every generated block."""
+    return {"summary": ("README.md", summary_answers(evidence_of("README.md"))),
+            "performance": ("docs/performance.md", performance_answers(evidence_of("docs/performance.md"))),
+            "one-gpu": ("docs/performance.md", one_gpu_answers(evidence_of("docs/performance.md"))),
+            "sharding": ("docs/sharding.md", sharding_answers(evidence_of("docs/sharding.md"))),
+            "lightning-cost": ("lightning/README.md", lightning_answers(evidence_of("lightning/README.md")))}
+
+
+def regenerated(document, text, blocks):
+    """The document's text with each of its marked blocks replaced by its generated text."""
+    def replace(match):
+        name = match["name"]
+        if name not in blocks or blocks[name][0] != document:
+            raise UsageError(f"{document}: no generated answers named {name!r}")
+        return f"{match['open']}{blocks[name][1].rstrip()}\n{match['close']}"
+    return ANSWER_BLOCK.sub(replace, text)
+
+
+def answers(runs, check, root=REPOSITORY):
+    """Regenerate (or check) the marked blocks of the answer documents under root; returns the exit code."""
+    blocks = answer_blocks(lambda document: Evidence(runs, document, root))
+    found, stale = set(), []
+    for document in ANSWER_DOCUMENTS:
+        path = pathlib.Path(root) / document
+        old = read_text(path, "--answers")
+        found |= {match["name"] for match in ANSWER_BLOCK.finditer(old)}
+        new = regenerated(document, old, blocks)
+        if new == old:
+            continue
+        if check:
+            stale.append(document)
+        else:
+            write_text(path, new, "--answers")
+            print(f"wrote {document}")
+    missing = sorted(set(blocks) - found)
+    if missing:
+        raise UsageError(f"no markers for the generated answers {', '.join(missing)} in {', '.join(ANSWER_DOCUMENTS)}")
+    if stale:
+        print(f"stale generated answers in {', '.join(stale)}: run python report.py --answers", file=sys.stderr)
+        return EXIT_FAILED
+    if check:
+        print(f"the generated answers in {', '.join(ANSWER_DOCUMENTS)} agree with the results")
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------- regression check
@@ -952,10 +1872,67 @@ def same_configuration(current, reference):
             and options_agree(current, reference))
 
 
+def differences(current, reference):
+    """The fields in which reference's configuration differs from current's, as 'name here/there'."""
+    found = [f"{field} {getattr(current, field)}/{getattr(reference, field)}" for field in Config._fields
+             if field not in ("torch", "options") and getattr(current, field) != getattr(reference, field)]
+    mine, theirs = dict(current.options), dict(reference.options)
+    found += [f"{name} {mine[name].strip(chr(34))}/{theirs[name].strip(chr(34))}"
+              for name in sorted(mine.keys() & theirs.keys()) if mine[name] != theirs[name]]
+    return found
+
+
+def fitted(starts, items, limit=MAX_LINE):
+    """The first of starts (longer to shorter) that can be followed by at least one of items, with as many items
+    (comma-separated) as fit within limit characters, then how many were left out."""
+    for start in starts:
+        for count in range(len(items), 0, -1):
+            left = len(items) - count
+            text = start + ", ".join(items[:count]) + (f" and {left} more" if left else "")
+            if len(text) <= limit:
+                return text
+    return (starts[-1] + f"{len(items)} fields")[:limit]
+
+
+def mismatch_starts(template, name, reference_path):
+    """template with the paths as given, then with their file names only: the fields must fit in the line."""
+    where = display_path(reference_path, pathlib.Path.cwd())
+    return [template.format(name=name, where=where),
+            template.format(name=pathlib.Path(name).name, where=pathlib.Path(where).name)]
+
+
+def nearest_difference(config, references):
+    """The differing fields of the reference configuration nearest to config (the fewest differences)."""
+    return min((differences(config, row["config"]) for row in references), key=lambda found: (len(found), found))
+
+
 def describe(config):
-    return (f"{config.benchmark} {strategy_text(config, {})} on {devices_text(config)} × {config.device_name}, "
-            f"{config.batch_size_per_device} img/{unit_of(config)} ({config.batch_mode.replace('_', ' ')}), "
-            f"{config.image_size} px, {config.precision}")
+    return (f"{config.benchmark} {config.strategy} on {devices_text(config)} × {config.device_name}, "
+            f"{config.batch_size_per_device} img/{unit_of(config)}, {config.image_size} px, {config.precision}")
+
+
+def check_run(run, reference, tolerance, name):
+    """(violations, notes) of one current run against its reference row."""
+    violations, notes = [], []
+    noisy = f" ({NOISY}: {run['noisy_reason'] or 'unsteady'})" if run["noisy"] else ""
+    current_rate, reference_rate = rate(run), reference["images_per_second"]
+    drop = 1 - current_rate / reference_rate
+    if drop > tolerance:
+        violations.append(f"{name}: throughput dropped {drop:.1%} ({format_rate(reference_rate)} -> "
+                          f"{format_rate(current_rate)} img/s), more than {tolerance:.1%}: "
+                          f"{describe(run['config'])}{noisy}")
+    window = run["memory_window"]
+    current_mib, reference_mib = run["peak_allocated_mib"], peak_mib(reference, window)
+    if current_mib is not None and reference_mib:
+        rise = current_mib / reference_mib - 1
+        if rise > tolerance:
+            violations.append(f"{name}: peak memory rose {rise:.1%} ({format_mib(reference_mib)} -> "
+                              f"{format_mib(current_mib)} MiB, {window}), more than {tolerance:.1%}: "
+                              f"{describe(run['config'])}{noisy}")
+    elif current_mib is not None and reference["memory"]:
+        notes.append(f"report.py: note: {name}: peak memory not compared: the memory windows differ (here: "
+                     f"{window}; reference: {' and '.join(reference['memory'])})")
+    return violations, notes
 
 
 def check_against(runs, reference_runs, tolerance, reference_path):
@@ -973,36 +1950,24 @@ def check_against(runs, reference_runs, tolerance, reference_path):
         reference = min((row for row in references if same_configuration(run["config"], row["config"])),
                         key=lambda row: row["config"].torch != run["config"].torch, default=None)
         if reference is None:
-            unmatched.append(run)
+            unmatched.append((name, run))
             continue
         checked += 1
-        # A drop in a run that found itself unsteady may be noise: the line says so.
-        noisy = f" ({NOISY}: {run['noisy_reason'] or 'unsteady'})" if run["noisy"] else ""
-        current_rate, reference_rate = run["images_per_second"], reference["images_per_second"]
-        drop = 1 - current_rate / reference_rate
-        if drop > tolerance:
-            violations.append(f"{name}: throughput dropped {drop:.1%} ({format_rate(reference_rate)} -> "
-                              f"{format_rate(current_rate)} img/s), more than {tolerance:.1%}: "
-                              f"{describe(run['config'])}{noisy}")
-        window = run["memory_window"]
-        current_mib, reference_mib = run["peak_allocated_mib"], peak_mib(reference, window)
-        if current_mib is not None and reference_mib:
-            rise = current_mib / reference_mib - 1
-            if rise > tolerance:
-                violations.append(f"{name}: peak memory rose {rise:.1%} ({format_mib(reference_mib)} -> "
-                                  f"{format_mib(current_mib)} MiB, {window}), more than {tolerance:.1%}: "
-                                  f"{describe(run['config'])}{noisy}")
-        elif current_mib is not None and reference["memory"]:
-            lines.append(f"report.py: note: {name}: peak memory not compared: the memory windows differ (here: "
-                         f"{window}; reference: {' and '.join(reference['memory'])})")
+        found, notes = check_run(run, reference, tolerance, name)
+        violations += found
+        lines += notes
     # Nothing compared and nothing failed: the reference is for other configurations, a mistake in the call.
     if unmatched and not checked and not violations:
-        raise UsageError(f"incomparable: no result in {reference_path} has the configuration of "
-                         f"{describe(unmatched[0]['config'])} (the reference holds "
-                         f"{'; '.join(sorted({describe(row['config']) for row in references}))})")
-    for run in unmatched:
-        lines.append(f"report.py: warning: {display_path(run['path'], pathlib.Path.cwd())}: no reference result "
-                     f"with its configuration, not checked: {describe(run['config'])}")
+        name, run = unmatched[0]
+        template = "incomparable: no result in {where} has the configuration of {name}; the nearest differs in "
+        raise UsageError(fitted(mismatch_starts(template, name, reference_path),
+                                nearest_difference(run["config"], references),
+                                limit=MAX_LINE - len("report.py: error: ")))
+    template = ("report.py: warning: {name}: not checked, no reference in {where} with its configuration; the nearest "
+                "differs in ")
+    for name, run in unmatched:
+        lines.append(fitted(mismatch_starts(template, name, reference_path),
+                            nearest_difference(run["config"], references)))
     if violations:
         lines += [f"REGRESSION {line}" for line in violations]
         lines.append(f"check failed: {len(violations)} violation{'s' * (len(violations) > 1)} against "
@@ -1014,9 +1979,30 @@ def check_against(runs, reference_runs, tolerance, reference_path):
     return EXIT_OK, lines
 
 
-# ---------------------------------------------------------------------------- Markdown file
+# ---------------------------------------------------------------------------- files
 
-def markdown_document(runs, out, inputs):
+def write_atomically(path, text):
+    """Write text to path through a temporary file beside it, synced, then renamed over it: a full disk or a kill
+    leaves the old file whole. The new file takes the old one's permissions, else those the umask allows."""
+    path = pathlib.Path(path)
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = path.stat().st_mode & 0o777 if path.is_file() else 0o666 & ~umask
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def markdown_document(runs, out, inputs, comparisons=()):
     """The report as a Markdown file at out: paths relative to the repository when out lies in it (else to out's
     folder), so that the file is the same wherever the command runs, and a first line that says how to remake it."""
     out = pathlib.Path(out).resolve()
@@ -1024,64 +2010,98 @@ def markdown_document(runs, out, inputs):
     command = " ".join(["python report.py", *[display_path(pathlib.Path(p), base) for p in inputs],
                         "--markdown", display_path(out, base)])
     return (f"# Benchmark results\n\n<!-- generated by `{command}`: edit the results, not this file -->\n\n"
-            f"{render_markdown(runs, base, heading='##')}"), command
+            f"{render_markdown(runs, base, heading='##', comparisons=comparisons)}"), command
+
+
+def read_text(path, option):
+    try:
+        return pathlib.Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"{option} {path}: cannot be read ({getattr(error, 'strerror', None) or error})")
+
+
+def write_text(path, text, option):
+    try:
+        write_atomically(path, text)
+    except OSError as error:
+        raise UsageError(f"{option} {path}: cannot be written ({error.strerror or error})")
 
 
 # ---------------------------------------------------------------------------- command line
 
 def parse_arguments(argv=None):
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="result files or folders (searched recursively)")
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="result files or folders (searched recursively)")
     parser.add_argument("--markdown", metavar="OUT.md", help="write the Markdown report to this file, its paths "
                                                              "relative to the repository (to the file's folder outside "
                                                              "it); default: stdout")
+    parser.add_argument("--sharding", action="store_true", help="print only the sharding tables of oss_benchmark.py, "
+                                                                "one per launch")
     parser.add_argument("--plots", metavar="DIR", help="write PNG plots into this folder (needs matplotlib)")
     parser.add_argument("--check-against", metavar="REF", help="reference result file or folder: exit 1 on a "
                                                                "regression")
     parser.add_argument("--tolerance", help="allowed throughput drop and memory rise, 5%% or 0.05 (default 5%%)")
     parser.add_argument("--check-markdown", metavar="FILE.md", help="exit 1 when this file differs from what "
                                                                    "--markdown would write there")
+    parser.add_argument("--answers", action="store_true", help="regenerate the marked answer tables of README.md, "
+                                                               "docs/performance.md, docs/sharding.md and "
+                                                               "lightning/README.md from the results (default: "
+                                                               "results/)")
+    parser.add_argument("--check-answers", action="store_true", help="exit 1 when one of those tables differs from "
+                                                                     "what --answers would write")
     args = parser.parse_args(argv)
+    answering = args.answers or args.check_answers
+    if answering and (args.markdown or args.sharding or args.plots or args.check_against):
+        raise UsageError("--answers and --check-answers combine only with --check-markdown")
+    if answering and not args.paths:
+        args.paths = [str(REPOSITORY / "results")]
+    if not args.paths:
+        raise UsageError("the following arguments are required: PATH")
     if args.tolerance is not None and not args.check_against:
         raise UsageError("--tolerance needs --check-against")
+    if args.sharding and (args.markdown or args.check_markdown):
+        raise UsageError("--sharding prints to stdout: drop --markdown and --check-markdown")
     args.tolerance = parse_tolerance("5%" if args.tolerance is None else args.tolerance)
     return args
 
 
+def check_markdown_file(runs, comparisons, args):
+    old = read_text(args.check_markdown, "--check-markdown")
+    new, command = markdown_document(runs, args.check_markdown, args.paths, comparisons)
+    if new != old:
+        print(f"{args.check_markdown}: differs from the report of {' '.join(args.paths)}: run {command}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{args.check_markdown}: agrees with the report of {' '.join(args.paths)}")
+    return EXIT_OK
+
+
 def main(argv=None):
     args = parse_arguments(argv)
-    runs = load_runs(args.paths)
-    file_mode = args.markdown or args.check_markdown
+    runs, comparisons = load_documents(args.paths)
+    file_mode = args.markdown or args.check_markdown or args.answers or args.check_answers
     # A Markdown file may say that there are no results yet; every other use needs some.
     if not runs and not file_mode:
         raise UsageError(f"no result files in {', '.join(args.paths)}")
-    status = EXIT_OK
-    checked = None
+    status, checked = EXIT_OK, None
     if args.check_against:  # an unusable reference ends the run before anything is written
         reference_runs = load_runs([args.check_against], what="reference")
         if not reference_runs:
             raise UsageError(f"--check-against {args.check_against}: no result files")
         checked = check_against(runs, reference_runs, args.tolerance, args.check_against)
+    if args.plots:
+        prepare_plots(args.plots)
     if args.check_markdown:
-        try:
-            old = pathlib.Path(args.check_markdown).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise UsageError(f"--check-markdown {args.check_markdown}: cannot be read "
-                             f"({getattr(error, 'strerror', None) or error})")
-        new, command = markdown_document(runs, args.check_markdown, args.paths)
-        if new != old:
-            print(f"{args.check_markdown}: differs from the report of {' '.join(args.paths)}: run {command}",
-                  file=sys.stderr)
-            status = EXIT_FAILED
-        else:
-            print(f"{args.check_markdown}: agrees with the report of {' '.join(args.paths)}")
+        status = check_markdown_file(runs, comparisons, args)
+    if args.answers or args.check_answers:
+        status = max(status, answers(runs, check=args.check_answers))
     if args.markdown:
-        text, _ = markdown_document(runs, args.markdown, args.paths)
-        try:
-            pathlib.Path(args.markdown).write_text(text, encoding="utf-8")
-        except OSError as error:
-            raise UsageError(f"--markdown {args.markdown}: cannot be written ({error.strerror})")
+        write_text(args.markdown, markdown_document(runs, args.markdown, args.paths, comparisons)[0], "--markdown")
         print(f"wrote {args.markdown}")
+    elif args.sharding:
+        print(render_sharding(runs, pathlib.Path.cwd()), end="")
+    elif not (args.check_markdown or args.answers or args.check_answers):
+        print(render_markdown(runs, pathlib.Path.cwd(), heading="##", comparisons=comparisons), end="")
     if args.plots:
         written, notes = write_plots(runs, args.plots)
         for note in notes:
@@ -1093,8 +2113,6 @@ def main(argv=None):
         for line in lines:
             print(line, file=sys.stderr if line.startswith("report.py:") else sys.stdout)
         status = max(status, code)
-    if not (file_mode or args.plots or args.check_against):
-        print(render_markdown(runs, pathlib.Path.cwd(), heading="##"), end="")
     return status
 
 
