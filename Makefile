@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make bench   set up .venv, then train on every local GPU through torchrun (a CPU smoke run without a GPU)
 #   make test    set up .venv, then run the CPU test suite (what CI runs)
+# CONSTRAINTS=constraints.txt make bench installs the exact versions behind the committed results.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,9 +10,13 @@ BIN := $(VENV)/bin
 venv: $(BIN)/.installed
 
 $(BIN)/.installed: pyproject.toml
+	@echo "== creating $(VENV) and installing torch, torchvision, lightning, fairscale, pytest (several GB, minutes)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --progress-bar on $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[dev]' \
+		| grep --line-buffered -E '^(Collecting|Downloading|Installing|Successfully)' || true
+	$(BIN)/python -c "import torch, torchvision, lightning, fairscale"
+	@echo "== $(VENV) is ready"
 	touch $@
 
 bench: venv

@@ -16,6 +16,9 @@
 #   slowlink  two GPUs: fairscale's conditions and the whole sharding suite under NCCL's defaults, without
 #             peer-to-peer, and without peer-to-peer or shared memory (sharding.md)
 #   defaults2 two GPUs: each script's defaults, for report.py --check-against the committed two-GPU campaigns
+#   compare1, compare2, compare3  one GPU, compare.py's ABBA rounds: the twin against native (256 eager and
+#             compiled, 32 eager), each speed option and the fastest mode (fp16, bf16) against the default, the
+#             harness against a bare loop, oss_benchmark.py's defaults (each matrix fits a 10-minute call)
 #
 # One-GPU runs go in pairs, one per GPU, side by side (one after the other with --gpus 1; measure: one after the
 # other); two-GPU runs one after another. Each run writes DIR/NAME.json (oss_benchmark.py: DIR/NAME-STRATEGY.json)
@@ -30,14 +33,15 @@ PY=${PYTHON:-python}
 OUT=runs/gpu-evidence DRY=0 TELEMETRY=0 GPUS="" MATRICES=()
 usage() { echo "gpu_evidence.sh: error: $1 (usage: tools/gpu_evidence.sh [--dry-run] [--telemetry] [--gpus N]" \
   "[--out DIR] MATRIX...; matrices: baseline measure fastest scaling twins sharding probes faults twins2 slowlink" \
-  "defaults2)" >&2; exit 2; }
+  "defaults2 compare1 compare2 compare3)" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1; shift ;;
     --telemetry) TELEMETRY=1; shift ;;
     --gpus) [[ ${2:-} =~ ^[12]$ ]] || usage "--gpus takes 1 or 2"; GPUS=$2; shift 2 ;;
     --out) [ $# -ge 2 ] || usage "--out needs a folder"; OUT=$2; shift 2 ;;
-    baseline|measure|fastest|scaling|twins|sharding|probes|faults|twins2|slowlink|defaults2) MATRICES+=("$1"); shift ;;
+    baseline|measure|fastest|scaling|twins|sharding|probes|faults|twins2|slowlink|defaults2|compare[123])
+      MATRICES+=("$1"); shift ;;
     *) usage "unknown matrix or option: $1" ;;
   esac
 done
@@ -322,6 +326,44 @@ matrix_defaults2() {  # each script as a user first runs it on two GPUs
   two native-2gpu-default "${TWO[@]}" ddp_resnet50.py
   two lightning-2gpu-default "$PY" $L --devices 2
   two sharding-2gpu-default "${TWO[@]}" oss_benchmark.py
+}
+
+comparison() {  # comparison NAME "COMMAND A" "COMMAND B" COMPARE_OPTIONS...: compare.py's rounds into DIR/NAME.rounds
+  local name=$1 a=$2 b=$3 code
+  shift 3
+  record "$PY compare.py --a '$a' --b '$b' $* --output $name.json"
+  ((DRY)) && return 0
+  "$PY" compare.py --a "$a" --b "$b" "$@" --output "$OUT/$name.json" >"$OUT/logs/$name.log" 2>&1
+  code=$?
+  echo "exit $code" >>"$OUT/logs/$name.log"
+  [ "$code" -eq 0 ] || echo "$name: exit $code, expected 0" >>"$OUT/failed.txt"
+}
+
+ONE=(--compile --coordinate-descent-tuning --cuda-graphs --space-to-depth-stem --dense-max-pool-backward
+  --sums-batch-norm)  # the fastest mode at the default step counts, with FP16 or in bf16
+
+matrix_compare1() {  # README, performance.md, lightning/README.md: the twin, and the compiled modes, against native
+  local n="$PY ddp_resnet50.py" l="$PY $L"
+  comparison cmp-twin-vs-native-256 "$n" "$l" --rounds 3
+  [ -s "$OUT/failed.txt" ] && return  # the scripts do not run here: the rest would fail as well
+  comparison cmp-compile-vs-default "$n" "$n --compile" --rounds 3
+  comparison cmp-compile-graphs-vs-default "$n" "$n --compile --cuda-graphs" --rounds 3
+  comparison cmp-twin-vs-native-256-compile "$n --compile" "$l --compile" --rounds 3
+  one harness-cost-bf16-256 "$PY" tools/harness_cost.py --blocks 10 --block-steps 20
+}
+
+matrix_compare2() {  # performance.md: the fastest mode in fp16 (into an empty Inductor cache, then from it), the
+  local n="$PY ddp_resnet50.py"  # captured eager step, fp16 with a fixed loss scale
+  comparison cmp-fastest-fp16-vs-default "$n" "$n ${FP16[*]} ${ONE[*]}" --rounds 2
+  comparison cmp-graphs-vs-default "$n" "$n --cuda-graphs" --rounds 3
+  comparison cmp-fp16ls-vs-default "$n" "$n --precision fp16 --loss-scale 1024" --rounds 3
+}
+
+matrix_compare3() {  # performance.md, sharding.md: the fastest mode in bf16; the host-bound twin; oss's defaults
+  local n="$PY ddp_resnet50.py" s=--batch-size-per-device\ 32
+  comparison cmp-fastest-bf16-vs-default "$n" "$n --precision bf16 ${ONE[*]}" --rounds 2
+  comparison cmp-twin-vs-native-32 "$n $s" "$PY $L $s" --rounds 8 --until-interval 1.5 --max-minutes 2
+  one oss-1gpu-default "$PY" oss_benchmark.py
 }
 
 record "# tools/gpu_evidence.sh ${MATRICES[*]}: $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null)"
