@@ -31,6 +31,8 @@ import time
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "salloc", "squeue", "sinfo", "scontrol", "scancel")
 NAMESPACE_TOOLS = ("ip", "nsenter", "unshare", "mount", "hostname")
+OWNER = "BENCH_TEST_CLUSTER_OWNER"  # in each daemon's environment: the id of the process that started the cluster
+STALE_PREFIX = "bci"  # two-node namespaces: bci<that id>-node1, ...
 
 
 class NetworkRefused(RuntimeError):
@@ -100,6 +102,10 @@ class SlurmCluster:
         self.socket_dir_file = self.dir / "munge-socket-dir"
         self.children = {}
         self.daemons = DAEMONS
+        # `sbatch --wait` polls after 2 s, then 4x longer each time up to 32 s, but only while that stays below half
+        # of MinJobAge (so that it cannot miss a purged job): 5 keeps it polling every 2 s instead of finishing a
+        # 30 s job after 42 s. Finished jobs are purged 5-60 s after they end; the tests look at once.
+        self.min_job_age = 5
 
     def env(self, base=None):
         """An environment whose Slurm clients (sbatch, srun inside the job, sinfo) talk to this cluster."""
@@ -163,13 +169,8 @@ MpiDefault=none
 # GPUs are a known resource type, so `--gpus-per-node=0` is understood.
 GresTypes=gpu
 ReturnToService=2
-# `sbatch --wait` polls after 2 s, then 4x longer each time up to 32 s, but only while that stays below half
-# of MinJobAge (so that it cannot miss a purged job): 5 keeps it polling every 2 s instead of finishing a
-# 30 s job after 42 s. Finished jobs are purged 5-60 s after they end; the tests read result files instead.
-MinJobAge=5
-# After a job's SIGTERM (time limit, scancel), 10 s until SIGKILL instead of 30: the tests' jobs stop within
-# a step.
-KillWait=10
+# How long a finished job stays listed (with its exit code) before it is purged; see min_job_age.
+MinJobAge={self.min_job_age}
 {self.nodes_config(hardware)}""")
         (self.dir / "plugstack.conf").write_text("")
         # slurmd counts a GPU per device file it can stat; plain files stand in for /dev/nvidiaN.
@@ -211,9 +212,11 @@ PartitionName=debug Nodes={self.hostname} Default=YES MaxTime=INFINITE State=UP
         even where PID 1 does not reap orphans (as in some containers).
         """
         try:
+            remove_stale_clusters()
             self.prepare()
             self.write_config()
-            env, commands = self.env(), self.commands()
+            # The daemons carry this process's id: a later run can tell the leftovers of one killed before stop().
+            env, commands = {**self.env(), OWNER: str(os.getpid())}, self.commands()
             for daemon in self.daemons:
                 with open(self.dir / f"{daemon}.stdout", "wb") as stdout:
                     # Own session: a Ctrl-C meant for pytest must not kill the cluster before teardown.
@@ -310,13 +313,15 @@ class TwoNodeCluster(SlurmCluster):
     def __init__(self, directory):
         super().__init__(directory, fake_gpus=0)
         # Names carry this process's id, so that a second test run beside this one never collides with it and a
-        # later run can tell leftovers of a killed one (remove_stale_networks()).
+        # later run can tell the leftovers of a killed one (remove_stale_clusters()).
         self.tag = f"{STALE_PREFIX}{os.getpid()}"
         self.namespaces = {node: f"{self.tag}-{node}" for node in self.NODES}
         self.switch = f"{self.tag}-switch"
         self.daemons = ("munged", "slurmctld", *(f"slurmd-{node}" for node in self.NODES))
         self.network = None
         self.made = []  # namespaces and links made so far, for teardown()
+        # The tests submit every two-node job at once and look at each one's end when they come to it, minutes later.
+        self.min_job_age = 600
 
     def addresses(self):
         """The host's (controller's) address and each node's."""
@@ -324,7 +329,6 @@ class TwoNodeCluster(SlurmCluster):
         return hosts[0], {node: hosts[9 + index] for index, node in enumerate(self.NODES, 1)}
 
     def prepare(self):
-        remove_stale_networks()
         self.network = _free_subnet()
         host, nodes = self.addresses()
         prefix = self.network.prefixlen
@@ -404,7 +408,6 @@ SlurmdLogFile={self.dir / 'slurmd-%n.log'}
         self.made = []
 
 
-STALE_PREFIX = "bci"
 
 
 def _kill_all(pids, timeout=10):
@@ -416,12 +419,24 @@ def _kill_all(pids, timeout=10):
         time.sleep(0.1)
 
 
-def remove_stale_networks():
-    """Namespaces of a two-node cluster whose test run was killed before its teardown: its processes and its
-    namespaces (the host's link goes with the switch)."""
+def remove_stale_clusters():
+    """What a test run killed before its cluster's stop() left behind: the daemons that carry the id of a process
+    that is gone (OWNER), and the two-node namespaces named after one, with what still runs inside them (the
+    host's link goes with the switch's namespace)."""
+    stale = []
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # not a process, or gone
+            continue
+        owner = next((item.split(b"=", 1)[1] for item in environ if item.startswith(OWNER.encode() + b"=")), None)
+        if owner and owner.isdigit() and int(owner) != os.getpid() and not _alive(int(owner)):
+            stale.append(int(entry.name))
+    _kill_all(stale)
+    if _binary("ip") is None:
+        return
     listed = subprocess.run([_binary("ip"), "netns", "list"], capture_output=True, text=True, timeout=30).stdout
-    for name in re.findall(rf"^({STALE_PREFIX}(\d+)-\S+)", listed, flags=re.MULTILINE):
-        namespace, owner = name
+    for namespace, owner in re.findall(rf"^({STALE_PREFIX}(\d+)-\S+)", listed, flags=re.MULTILINE):
         if int(owner) != os.getpid() and not _alive(int(owner)):
             pids = subprocess.run([_binary("ip"), "netns", "pids", namespace], capture_output=True, text=True,
                                   timeout=30).stdout.split()

@@ -88,7 +88,11 @@ class Job:
 def sbatch(cluster, directory, script, options=(), args=(), cwd=ROOT, default_results=False, **settings):
     """Submits the job with its log in directory and its results there too, or with default_results in the
     scripts' default place; returns (job id or None, the log's path, what sbatch printed)."""
-    log = directory / f"{pathlib.Path(script).name}-{len(list(directory.glob('*.log')))}.log"
+    number = 0
+    while (directory / f"{pathlib.Path(script).name}-{number}.log").exists():
+        number += 1
+    log = directory / f"{pathlib.Path(script).name}-{number}.log"
+    log.touch()  # taken now, although Slurm writes it only once the job starts
     proc = subprocess.run(["sbatch", "--parsable", f"--output={log}", *options, str(script), *args],
                           capture_output=True, text=True, timeout=60, cwd=cwd,
                           env=job_env(cluster, None if default_results else directory, **settings))

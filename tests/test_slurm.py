@@ -147,8 +147,9 @@ SIGNALLED = ('while [ $# -gt 0 ]; do [ "$1" = --output ] && output=$2; shift; do
 ])
 def test_a_signal_for_the_job_reaches_every_task_and_the_closing_line_names_the_result(cluster, tmp_path, scancel,
                                                                                       signal_name):
+    waiting = stand_in(tmp_path, "wait-for-a-signal", SIGNALLED)
     job_id, log, output = sbatch(cluster, tmp_path, "slurm/ddp_resnet50.sbatch", CPU_JOB, BENCH_DEVICE="cpu",
-                                 BENCH_PYTHON=stand_in(tmp_path, "wait-for-a-signal", SIGNALLED), BENCH_RUN_NAME="signalled")
+                                 BENCH_PYTHON=waiting, BENCH_RUN_NAME="signalled")
     assert job_id, output
     wait_for_line(cluster, job_id, log, r"^task 1 ready(?s:.*)^task 0 ready|^task 0 ready(?s:.*)^task 1 ready", 60)
     subprocess.run(["scancel", *scancel, job_id], check=True, capture_output=True, env=cluster.env(), timeout=30)
