@@ -30,7 +30,10 @@ def two_node_run(tmp_path_factory):
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                                "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
                                str(NATIVE), *SMALL, "--output", str(output)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=clean_env())
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                              # each rank takes every core of its "node", this host's: passive OpenMP threads
+                              # do not spin while the other rank's are descheduled
+                              env=clean_env(OMP_WAIT_POLICY="PASSIVE"))
              for node in (0, 1)]
     outcomes = finish(nodes, limit_s=300)
     for node, (code, out, err) in enumerate(outcomes):
