@@ -248,9 +248,10 @@ bench_result_files() {
 # `sbatch --signal=B:USR1@120` and `scancel --batch` signal this shell only; a closed terminal sends SIGHUP.
 BENCH_SIGNALS=(TERM INT HUP USR1)
 
-# Passes a signal this shell got on to the job's tasks (srun itself would turn SIGTERM and SIGHUP into a SIGKILL
-# of the tasks a few seconds later, and ignores a single SIGINT), then goes on waiting for them. A task that got
-# the signal already gets it twice, which stops it after the same step all the same.
+# Passes a signal this shell got on to the job's tasks, then goes on waiting for them. Not through srun: srun turns
+# SIGTERM and SIGHUP into a kill of the tasks (which Slurm no longer carries out once the job itself is ending, at
+# the time limit or a scancel) and does nothing with a single SIGINT. A task that got the signal directly as well
+# gets it twice, which stops it after the same step all the same.
 bench_pass_on() {
   echo "== $BENCH_NAME: SIG$1 received: passed on to the tasks, which stop after the same step"
   scancel --quiet --signal="$1" "$SLURM_JOB_ID" 2>/dev/null || true
