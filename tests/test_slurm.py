@@ -329,8 +329,8 @@ echo $(( 100 + $(wc -l < {record}) ))
     sbatch.chmod(sbatch.stat().st_mode | stat.S_IXUSR)
 
     def sweep(*args, **settings):
-        env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", BENCH_RESULTS_DIR=str(tmp_path / "results"),
-                        BENCH_RUN_NAME="composed", **settings)
+        env = clean_env(**{"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                           "BENCH_RESULTS_DIR": str(tmp_path / "results"), "BENCH_RUN_NAME": "composed", **settings})
         proc = subprocess.run(["slurm/scaling_sweep.sh", *args], capture_output=True, text=True, timeout=60,
                               cwd=ROOT, env=env)
         return proc, record.read_text().splitlines() if record.exists() else []
@@ -365,11 +365,13 @@ def test_strong_sweep_fixes_one_global_batch_and_can_ask_for_gres(recording_sbat
     ("weak", {"SWEEP_GPUS": "12", "SWEEP_GPUS_PER_NODE": "8"}, "12 GPUs do not fill whole nodes of 8"),
     ("weak", {"BENCH_GLOBAL_BATCH_SIZE": "64"}, "weak scaling fixes the batch per device"),
     ("both", {}, "first argument: weak"),
+    ("weak", {"BENCH_RUN_NAME": ".."}, "BENCH_RUN_NAME '..' cannot name the run folder"),
 ])
-def test_bad_sweep_stops_before_submitting(recording_sbatch, mode, settings, expected):
+def test_bad_sweep_stops_before_submitting(recording_sbatch, tmp_path, mode, settings, expected):
     proc, submitted = recording_sbatch(mode, **settings)
     assert proc.returncode == 2 and submitted == []
     assert proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
+    assert not (tmp_path / "results").exists() and not (tmp_path / "sweep.tsv").exists()
 
 
 def test_sweep_names_the_jobs_it_submitted_before_sbatch_failed(recording_sbatch, tmp_path):
