@@ -120,13 +120,22 @@ def test_closing_line_names_only_files_this_job_wrote(cluster, tmp_path):
     assert job.closing_files() == [f"{stem}-ddp.json"], job.describe()
 
 
-@pytest.mark.parametrize("script", ["slurm/ddp_resnet50.sbatch", "slurm/lightning_ddp_resnet50.sbatch"])
-def test_default_submission_fits_a_small_node(cluster, tmp_path, script):
-    # `sbatch slurm/<script>` with nothing else, on a node of two cores (and two name-only GPUs): the job must
-    # start, not pend for good because the script asks for more cores per task than the node has.
-    job = submit(cluster, tmp_path, script, timeout=60, BENCH_PYTHON="echo")
+@pytest.mark.parametrize("script,options", [
+    ("slurm/ddp_resnet50.sbatch", []),
+    ("slurm/lightning_ddp_resnet50.sbatch", []),
+    ("slurm/oss_benchmark.sbatch", ["--ntasks-per-node=2", "--gpus-per-node=2"]),  # its 4 GPUs: the node has 2
+])
+def test_default_submission_fits_a_small_node(cluster, tmp_path, script, options):
+    # `sbatch slurm/<script>` with nothing else, on a node of few cores (and two name-only GPUs): the job must
+    # start, not pend for good because the script asks for more cores per task than the node has. The test node
+    # has as many cores as this host, which may be more than such a request: the scripts' own lines are read too.
+    request = re.findall(r"^#SBATCH +(?:--cpus-per-task|--cpus-per-gpu|--mincpus|-c)\b.*", (ROOT / script).read_text(),
+                         flags=re.MULTILINE)
+    assert request == [], f"{script} asks for a fixed number of cores: {request}"
+    job = submit(cluster, tmp_path, script, options, timeout=60, BENCH_PYTHON="echo")
     assert job.returncode == 0, job.describe()
-    assert f"Slurm job {job.id} on 1 node(s) x 1 task(s) (cuda, 1 GPU(s) on the first node)" in job.log, \
+    tasks, gpus = (2, 2) if options else (1, 1)
+    assert f"Slurm job {job.id} on 1 node(s) x {tasks} task(s) (cuda, {gpus} GPU(s) on the first node)" in job.log, \
         job.describe()
 
 
