@@ -13,6 +13,7 @@ the same cluster by hand: `python tests/slurm_cluster.py /tmp/slurm` (see its do
 import os
 import pathlib
 import re
+import signal
 import stat
 import subprocess
 
@@ -167,6 +168,32 @@ def test_a_signal_for_the_job_reaches_every_task_and_the_closing_line_names_the_
     assert tasks == [f"task {rank} got SIG{signal_name}" for rank in (0, 1)], job.describe()
     path = tmp_path / "signalled" / f"ddp_resnet50-1n2cpu-job{job_id}.json"
     assert job.closing_files() == [str(path)], job.describe()
+
+
+def test_a_closed_terminal_still_leaves_the_result_and_the_closing_line(cluster, tmp_path):
+    # The script run inside salloc from a terminal that then closes: SIGHUP to the terminal's process group, that
+    # is salloc, the script and srun. salloc gives the allocation up, which stops the tasks as scancel does.
+    settings = {"BENCH_DEVICE": "cpu", "BENCH_PYTHON": stand_in(tmp_path, "wait-for-a-signal", SIGNALLED),
+                "BENCH_RUN_NAME": "hung-up"}
+    proc = subprocess.Popen(["salloc", "--ntasks-per-node=2", "--gpus-per-node=0", "bash", "slurm/ddp_resnet50.sbatch"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env=job_env(cluster, tmp_path, **settings), start_new_session=True)
+    try:
+        lines = []
+        while sum(line.endswith(" ready\n") for line in lines) < 2 and (not lines or lines[-1]):
+            lines.append(proc.stdout.readline())
+        os.killpg(proc.pid, signal.SIGHUP)
+        output = "".join(lines) + proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    job_id = re.search(r"Granted job allocation (\d+)", output).group(1)
+    stopped = sorted(line.split(" got ")[0] for line in output.splitlines() if re.match(r"task \d got SIG", line))
+    assert stopped == ["task 0", "task 1"], output  # each stopped on a signal; rank 0 wrote the result
+    path = tmp_path / "hung-up" / f"ddp_resnet50-1n2cpu-job{job_id}.json"
+    closing = [line for line in output.splitlines() if line.startswith("== srun exit status")]
+    assert closing == [f"== srun exit status 0; result file(s): {path}"], output
 
 
 # ---------------------------------------------------------------------------------------- bad input
