@@ -60,6 +60,24 @@ def committed_results_state():
                   for path in (ROOT / "results").rglob("*") if path.is_file())
 
 
+def manual_result_name(path):
+    """True when the result's path (from runs/ on) fits one of the file-name patterns that slurm/README.md gives."""
+    placeholders = {"<run name>": "[A-Za-z0-9._-]+", "<script>": "[a-z0-9_]+", "<strategies>": "[A-Za-z0-9_+]+",
+                    "<nodes>": "[0-9]+", "<tasks per node>": "[0-9]+", "<gpu|cpu>": "(gpu|cpu)",
+                    "<Slurm job id>": "[0-9]+", "[-<strategy>]": "(-[a-z0-9_]+)?"}
+    manual = (ROOT / "slurm" / "README.md").read_text()
+    patterns = re.findall(r"^(runs/<run name>/.+\.json)$", manual, flags=re.MULTILINE)
+    assert patterns, "slurm/README.md gives no runs/<run name>/... pattern"
+    name = "runs/" + pathlib.Path(path).parent.name + "/" + pathlib.Path(path).name
+    for pattern in patterns:
+        expression = re.escape(pattern)
+        for placeholder, replacement in placeholders.items():
+            expression = expression.replace(re.escape(placeholder), replacement)
+        if re.fullmatch(expression, name):
+            return True
+    return False
+
+
 def stand_in(directory, name, body):
     """An executable that srun starts in place of python: it shows what the benchmark would have got."""
     path = directory / name

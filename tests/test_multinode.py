@@ -19,8 +19,8 @@ import pytest
 
 from conftest import NATIVE, ROOT, SMALL, clean_env, finish, free_port, read_result
 from slurm_cluster import TwoNodeCluster
-from slurm_jobs import (Job, assert_slurm_result, committed_results_state, job_env, sbatch, start_cluster, wait_for,
-                        wait_for_line)
+from slurm_jobs import (Job, assert_slurm_result, committed_results_state, job_env, manual_result_name, sbatch,
+                        start_cluster, wait_for, wait_for_line)
 
 
 @pytest.fixture(scope="module")
@@ -232,6 +232,7 @@ def test_native_sbatch_runs_on_two_nodes(sweep_points):
     path = run_dir / f"ddp_resnet50-2n1cpu-job{job.id}.json"
     result = assert_slurm_result(job, path, "ddp_resnet50.py", 2, steps=3, nodes=2)
     assert_two_nodes(job, result)
+    assert manual_result_name(path), f"{path.name} fits no file-name pattern of slurm/README.md"
     # An option of benchmark_extras.py, which the script imports from the repository only when it is given.
     assert result["config"]["bucket_cap_mb"] == 10
     assert job.closing_files() == [str(path)], job.describe()
@@ -265,4 +266,5 @@ def test_oss_sbatch_runs_each_strategy_on_two_nodes_in_one_job(two_nodes, two_no
         result = assert_slurm_result(job, path, "oss_benchmark.py", 2, steps=3, nodes=2)
         assert result["strategy"] == strategy
         assert_two_nodes(job, result)
+        assert manual_result_name(path), f"{path.name} fits no file-name pattern of slurm/README.md"
     assert sorted(job.closing_files()) == [str(path) for path in paths], job.describe()

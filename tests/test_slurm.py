@@ -343,7 +343,17 @@ def test_sweep_that_sbatch_refuses_leaves_no_manifest(cluster, tmp_path):
     assert list(tmp_path.iterdir()) == []  # neither sweep.tsv nor its run folder
 
 
-# ------------------------------------------------------------------- sweep composition (no Slurm needed)
+# ------------------------------------------------------------------- the manual, the sweep's composition (no Slurm)
+
+def test_manual_shows_cpu_mode_for_every_script_and_how_to_start_a_private_cluster():
+    manual = (ROOT / "slurm" / "README.md").read_text()
+    cpu_mode = manual.split("\n## CPU mode\n", 1)[1].split("\n## ", 1)[0]
+    commands = [line for line in cpu_mode.splitlines() if line.startswith("BENCH_DEVICE=cpu ")]
+    for script in sorted((ROOT / "slurm").glob("*.sbatch")):
+        assert [line for line in commands if f"--gpus-per-node=0 slurm/{script.name}" in line], script.name
+    assert "python3 tests/slurm_cluster.py " in manual and "export SLURM_CONF=" in manual
+
+
 
 @pytest.fixture
 def recording_sbatch(tmp_path):
