@@ -285,10 +285,16 @@ bench_launch() {
     # shellcheck disable=SC2064  # the signal's name is fixed now, on purpose
     trap "bench_pass_on $signal" "$signal"
   done
+  # Run from a terminal inside salloc (not as a batch job), srun gets a session of its own: the terminal's signals
+  # reach this shell, which passes them on, and not srun, which would kill the tasks on a closed terminal's SIGHUP.
+  local own_session=()
+  if [ "${ENVIRONMENT:-}" != BATCH ] && command -v setsid >/dev/null 2>&1; then
+    own_session=(setsid)
+  fi
   # --kill-on-bad-exit=0 (whatever the site's default): when one rank dies, the others notice within a
   # step and write a result that says which rank failed and how; killing them at once would lose it.
-  srun --kill-on-bad-exit=0 --nodes="$BENCH_NODES" --ntasks-per-node="$BENCH_TASKS_PER_NODE" \
-    "$BENCH_PYTHON" "$BENCH_ROOT/$script" "$@" &
+  ${own_session[@]+"${own_session[@]}"} srun --kill-on-bad-exit=0 --nodes="$BENCH_NODES" \
+    --ntasks-per-node="$BENCH_TASKS_PER_NODE" "$BENCH_PYTHON" "$BENCH_ROOT/$script" "$@" &
   srun_pid=$!
   while :; do
     status=0
