@@ -171,8 +171,8 @@ def test_a_signal_for_the_job_reaches_every_task_and_the_closing_line_names_the_
 
 
 def test_a_closed_terminal_still_leaves_the_result_and_the_closing_line(cluster, tmp_path):
-    # The script run inside salloc from a terminal that then closes: SIGHUP to the terminal's process group, that
-    # is salloc, the script and srun. salloc gives the allocation up, which stops the tasks as scancel does.
+    # The script run inside salloc from a terminal that then closes: SIGHUP to the terminal's foreground process
+    # group, which salloc gives to the script it runs. srun must not get it: it would kill the tasks at once.
     settings = {"BENCH_DEVICE": "cpu", "BENCH_PYTHON": stand_in(tmp_path, "wait-for-a-signal", SIGNALLED),
                 "BENCH_RUN_NAME": "hung-up"}
     proc = subprocess.Popen(["salloc", "--ntasks-per-node=2", "--gpus-per-node=0", "bash", "slurm/ddp_resnet50.sbatch"],
@@ -182,15 +182,16 @@ def test_a_closed_terminal_still_leaves_the_result_and_the_closing_line(cluster,
         lines = []
         while sum(line.endswith(" ready\n") for line in lines) < 2 and (not lines or lines[-1]):
             lines.append(proc.stdout.readline())
-        os.killpg(proc.pid, signal.SIGHUP)
+        script = int(pathlib.Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+        os.killpg(os.getpgid(script), signal.SIGHUP)
         output = "".join(lines) + proc.communicate(timeout=60)[0]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     job_id = re.search(r"Granted job allocation (\d+)", output).group(1)
-    stopped = sorted(line.split(" got ")[0] for line in output.splitlines() if re.match(r"task \d got SIG", line))
-    assert stopped == ["task 0", "task 1"], output  # each stopped on a signal; rank 0 wrote the result
+    stopped = sorted(line for line in output.splitlines() if re.match(r"task \d got SIG", line))
+    assert stopped == ["task 0 got SIGHUP", "task 1 got SIGHUP"], output  # rank 0 wrote the result
     path = tmp_path / "hung-up" / f"ddp_resnet50-1n2cpu-job{job_id}.json"
     closing = [line for line in output.splitlines() if line.startswith("== srun exit status")]
     assert closing == [f"== srun exit status 0; result file(s): {path}"], output
