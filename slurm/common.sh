@@ -285,7 +285,7 @@ bench_launch() {
     # shellcheck disable=SC2064  # the signal's name is fixed now, on purpose
     trap "bench_pass_on $signal" "$signal"
   done
-  # Run from a terminal inside salloc (not as a batch job), srun gets a session of its own: the terminal's signals
+  # Run from a terminal inside salloc (not as a batch job), srun runs in its own session: the terminal's signals
   # reach this shell, which passes them on, and not srun, which would kill the tasks on a closed terminal's SIGHUP.
   local own_session=()
   if [ "${ENVIRONMENT:-}" != BATCH ] && command -v setsid >/dev/null 2>&1; then
