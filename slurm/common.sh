@@ -185,7 +185,6 @@ bench_build_args() {
       ! bench_has_arg --batch-size-per-device "$@"; then
       : "${BENCH_BATCH_SIZE_PER_DEVICE:=4}"
     fi
-    bench_has_arg --lr "$@" || set -- --lr 0.01 "$@"  # tiny batches: keep the loss finite, as the tests do
   fi
   BENCH_ARGS=(--device "$BENCH_DEVICE")
   local option variable
@@ -201,19 +200,32 @@ bench_build_args() {
   if [ -z "$BENCH_OUTPUT" ]; then
     local run unit restart=""
     # One folder per run (a sweep shares one); the file name carries the shape and the job id.
-    run=${BENCH_RUN_NAME:-${SLURM_JOB_NAME:-$BENCH_NAME}}
-    run=${run//[^A-Za-z0-9._-]/_}
+    if [ -n "${BENCH_RUN_NAME:-}" ]; then
+      run=$(bench_run_folder BENCH_RUN_NAME "$BENCH_RUN_NAME")
+    else
+      run=$(bench_run_folder "the job name (--job-name; BENCH_RUN_NAME overrides it)" "${SLURM_JOB_NAME:-$BENCH_NAME}")
+    fi
     unit=$([ "$BENCH_DEVICE" = cuda ] && echo gpu || echo cpu)
     # A requeued job keeps its id: its second attempt must not collide with the first one's result.
     if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then
       restart=".restart$SLURM_RESTART_COUNT"
     fi
     # runs/ of the working directory (git-ignored in the repository): results are committed only on purpose.
+    # The benchmark makes the folder once every rule has passed: refused input leaves no empty folder behind.
     BENCH_OUTPUT=${BENCH_RESULTS_DIR:-$PWD/runs}/$run/$BENCH_NAME-${BENCH_NODES}n${BENCH_TASKS_PER_NODE}$unit-job$SLURM_JOB_ID$restart.json
-    mkdir -p "$(dirname "$BENCH_OUTPUT")"
     BENCH_ARGS+=(--output "$BENCH_OUTPUT")
   fi
   BENCH_ARGS+=("$@")
+}
+
+# The run folder's name ($2, from the setting named $1) as it is, or one line and exit 2: a name such as '..' or
+# 'a/b' would put the result outside <results dir>/, and changing it silently would file it under another name.
+# (Runs in a command substitution: the caller's `set -e` stops the job on the exit 2.)
+bench_run_folder() {
+  if [[ ! $2 =~ ^[A-Za-z0-9._-]+$ ]] || [ "$2" = . ] || [ "$2" = .. ]; then
+    bench_die "$1 '$2' cannot name the run folder: use letters, digits, '.', '_' and '-', not '.' or '..'"
+  fi
+  echo "$2"
 }
 
 # The result files this job may write, each with what identifies its current version (device, inode, size,
@@ -229,6 +241,20 @@ bench_result_files() {
     fi
   done
   shopt -u nullglob
+}
+
+# The signals that stop a run cleanly: the benchmarks stop every rank after the same step and write a result.
+# Slurm's time limit and scancel send SIGTERM to every process of the job, this shell and srun included;
+# `sbatch --signal=B:USR1@120` and `scancel --batch` signal this shell only; a closed terminal sends SIGHUP.
+BENCH_SIGNALS=(TERM INT HUP USR1)
+
+# Passes a signal this shell got on to the job's tasks, then goes on waiting for them. Not through srun: srun turns
+# SIGTERM and SIGHUP into a kill of the tasks (which Slurm no longer carries out once the job itself is ending, at
+# the time limit or a scancel) and does nothing with a single SIGINT. A task that got the signal directly as well
+# gets it twice, which stops it after the same step all the same.
+bench_pass_on() {
+  echo "== $BENCH_NAME: SIG$1 received: passed on to the tasks, which stop after the same step"
+  scancel --quiet --signal="$1" "$SLURM_JOB_ID" 2>/dev/null || true
 }
 
 # srun one task per device on every node; returns the step's exit status (the job's).
@@ -252,10 +278,30 @@ bench_launch() {
   # files that are new or were rewritten while the job ran.
   local before after written=() line
   before=$(bench_result_files)
+  # A signal to this shell must not end it before the ranks have written their result (trap below); srun runs
+  # in the background because bash runs a trap only between commands, and `wait` returns early for one.
+  local signal srun_pid
+  for signal in "${BENCH_SIGNALS[@]}"; do
+    # shellcheck disable=SC2064  # the signal's name is fixed now, on purpose
+    trap "bench_pass_on $signal" "$signal"
+  done
+  # Run from a terminal inside salloc (not as a batch job), srun runs in its own session: the terminal's signals
+  # reach this shell, which passes them on, and not srun, which would kill the tasks on a closed terminal's SIGHUP.
+  local own_session=()
+  if [ "${ENVIRONMENT:-}" != BATCH ] && command -v setsid >/dev/null 2>&1; then
+    own_session=(setsid)
+  fi
   # --kill-on-bad-exit=0 (whatever the site's default): when one rank dies, the others notice within a
   # step and write a result that says which rank failed and how; killing them at once would lose it.
-  srun --kill-on-bad-exit=0 --nodes="$BENCH_NODES" --ntasks-per-node="$BENCH_TASKS_PER_NODE" \
-    "$BENCH_PYTHON" "$BENCH_ROOT/$script" "$@" || status=$?
+  ${own_session[@]+"${own_session[@]}"} srun --kill-on-bad-exit=0 --nodes="$BENCH_NODES" \
+    --ntasks-per-node="$BENCH_TASKS_PER_NODE" "$BENCH_PYTHON" "$BENCH_ROOT/$script" "$@" &
+  srun_pid=$!
+  while :; do
+    status=0
+    wait "$srun_pid" || status=$?
+    kill -0 "$srun_pid" 2>/dev/null || break  # still running: a trapped signal interrupted the wait
+  done
+  trap - "${BENCH_SIGNALS[@]}"
   after=$(bench_result_files)
   while IFS= read -r line; do
     if [ -n "$line" ] && ! grep -qxF -- "$line" <<<"$before"; then

@@ -87,6 +87,10 @@ BENCH_RESULTS_DIR=${BENCH_RESULTS_DIR:-runs}
 [[ $BENCH_RESULTS_DIR == /* ]] || BENCH_RESULTS_DIR=$PWD/$BENCH_RESULTS_DIR
 export BENCH_RESULTS_DIR
 export BENCH_RUN_NAME=${BENCH_RUN_NAME:-$mode-$name-$(date -u +%Y%m%dT%H%M%SZ)}
+# The jobs' own rule for the run folder's name (slurm/common.sh), checked before anything is made or submitted.
+# shellcheck source=slurm/common.sh
+source "$root/slurm/common.sh"
+BENCH_NAME=scaling_sweep.sh bench_run_folder BENCH_RUN_NAME "$BENCH_RUN_NAME" >/dev/null
 run_dir=$BENCH_RESULTS_DIR/$BENCH_RUN_NAME
 # Slurm does not create the folder of --output: the job logs go next to the results.
 made_run_dir=0

@@ -4,72 +4,32 @@ Jobs are submitted as a user would, `sbatch slurm/<script>.sbatch`, in the scrip
 gloo, 32 px, 2 tasks of one core on the one node), and the test waits until Slurm reports the job ended. The
 test cluster's node also offers two GPUs that are only names (no device behind them), so that the scripts' GPU
 checks meet the values Slurm itself sets when it allocates GPUs, for --gpus-per-node and for --gres alike; such
-jobs start a stand-in for python that shows what srun started. One cluster serves the whole test run. Without
-Slurm installed (CI installs it: .ci/run) these tests skip with the reason, except the sweep-composition tests at
-the end, which replace sbatch by a recorder. To watch the same cluster by hand: `python tests/slurm_cluster.py
-/tmp/slurm` (see its docstring).
+jobs start a stand-in for python that shows what srun started, as do the jobs that only need the batch script's
+own behaviour. One cluster serves the whole test run; jobs over two nodes, the sweep and the sharding script run
+on the two-node cluster of tests/test_multinode.py. Without Slurm installed (CI installs it: .ci/run) these tests
+skip with the reason, except the sweep-composition tests at the end, which replace sbatch by a recorder. To watch
+the same cluster by hand: `python tests/slurm_cluster.py /tmp/slurm` (see its docstring).
 """
 import os
 import pathlib
 import re
+import signal
 import stat
 import subprocess
-import sys
-import time
 
 import pytest
 
 from conftest import ROOT, clean_env, read_result
-from slurm_cluster import SlurmCluster, missing_reason
-
-CPU_JOB = ["--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0"]
-ENDED = re.compile(r"\bJobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|"
-                   r"PREEMPTED)\b")
+from slurm_cluster import SlurmCluster
+from slurm_jobs import (CPU_JOB, Job, assert_slurm_result, committed_results_state, job_env, sbatch, stand_in,
+                        start_cluster, submit, wait_for, wait_for_line)
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    reason = missing_reason()
-    if reason and os.environ.get("BENCH_REQUIRE_SLURM") == "1":  # set by .ci/run once it has installed Slurm
-        pytest.fail(f"BENCH_REQUIRE_SLURM=1 but {reason}")
-    if reason:
-        pytest.skip(reason)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    cluster.start()
+    cluster = start_cluster(lambda: SlurmCluster(tmp_path_factory.mktemp("slurm")))
     yield cluster
     cluster.stop()
-
-
-@pytest.fixture(scope="session")
-def results_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("results")
-
-
-def job_env(cluster, results_dir=None, **settings):
-    """A fresh shell's environment pointed at the test cluster and the venv's python; with results_dir, the
-    results go there instead of the default runs/ of the job's working directory."""
-    if results_dir is not None:
-        settings.setdefault("BENCH_RESULTS_DIR", str(results_dir))
-    return cluster.env(clean_env(**{"BENCH_PYTHON": sys.executable, **settings}))
-
-
-def committed_results_state():
-    """What git sees in the committed results/ tree (modified and new files alike); outside a git checkout,
-    every file there with its size and modification time."""
-    proc = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", "results"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
-    if proc.returncode == 0:
-        return proc.stdout
-    return sorted((str(path), path.stat().st_size, path.stat().st_mtime_ns)
-                  for path in (ROOT / "results").rglob("*") if path.is_file())
-
-
-def stand_in(directory, name, body):
-    """An executable that srun starts in place of python: it shows what the benchmark would have got."""
-    path = directory / name
-    path.write_text(f"#!/bin/bash\n{body}\n")
-    path.chmod(0o755)
-    return str(path)
 
 
 # Each srun task prints which GPUs Slurm gave it and the arguments the benchmark would have got.
@@ -88,93 +48,14 @@ def gres_site_copy(script, directory):
     return str(path)
 
 
-class Job:
-    def __init__(self, job_id, returncode, log, sbatch_output):
-        self.id = job_id
-        self.returncode = returncode
-        self.log = log.read_text() if log.exists() else ""
-        self.sbatch_output = sbatch_output
-
-    def describe(self):
-        return f"job {self.id}: exit {self.returncode}\n{self.sbatch_output}\n--- job log\n{self.log}"
-
-    def closing_files(self):
-        """The files the batch script's closing line names."""
-        lines = [line for line in self.log.splitlines() if line.startswith("== srun exit status")]
-        assert len(lines) == 1, self.describe()
-        return lines[0].split("result file(s): ", 1)[1].split()
-
-
-def sbatch(cluster, directory, script, options=(), args=(), cwd=ROOT, default_results=False, **settings):
-    """Submits the job with its log in directory and its results there too, or with default_results in the
-    scripts' default place; returns (job id or None, the log's path, what sbatch printed)."""
-    log = directory / f"{pathlib.Path(script).name}-{len(list(directory.glob('*.log')))}.log"
-    proc = subprocess.run(["sbatch", "--parsable", f"--output={log}", *options, str(script), *args],
-                          capture_output=True, text=True, timeout=60, cwd=cwd,
-                          env=job_env(cluster, None if default_results else directory, **settings))
-    job_id = proc.stdout.strip().split(";")[0] if proc.returncode == 0 else None
-    return job_id, log, proc.stdout + proc.stderr
-
-
-def wait_for(cluster, job_id, timeout):
-    """The job's exit code once Slurm reports it ended. Polled every 0.2 s: `sbatch --wait` sleeps at least 2 s
-    between looks, which adds up over the many short jobs here. Finished jobs stay listed for MinJobAge (5 s)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        proc = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True,
-                              env=cluster.env(), timeout=30)
-        record = proc.stdout
-        if "Invalid job id" in proc.stderr:
-            pytest.fail(f"Slurm job {job_id} was purged before its end was seen: {proc.stderr.strip()}")
-        if ENDED.search(record):
-            code, signal_number = map(int, re.search(r"\bExitCode=(\d+):(\d+)", record).groups())
-            return 128 + signal_number if signal_number else code
-        time.sleep(0.2)
-    subprocess.run(["scancel", job_id], capture_output=True, env=cluster.env(), timeout=30)
-    pytest.fail(f"Slurm job {job_id} did not end within {timeout} s")
-
-
-def submit(cluster, directory, script, options=(), args=(), timeout=240, **settings):
-    """sbatch, then wait until the job has ended: the Job with its exit code and log."""
-    job_id, log, output = sbatch(cluster, directory, script, options, args, **settings)
-    returncode = wait_for(cluster, job_id, timeout) if job_id else None
-    return Job(job_id, returncode, log, output)
-
-
-def assert_slurm_result(job, path, benchmark, world_size, steps=6):
-    assert job.returncode == 0, job.describe()
-    assert path.exists(), job.describe()
-    result = read_result(path)  # validates against schema/result.schema.json
-    assert result["status"] == "ok" and result["benchmark"] == benchmark
-    world = result["world"]
-    assert world["launcher"] == "slurm" and world["slurm_job_id"] == job.id
-    assert (world["world_size"], world["num_nodes"], world["devices_per_node"]) == (world_size, 1, world_size)
-    assert world["backend"] == "gloo" and result["config"]["device"] == "cpu"
-    assert result["checks"]["parameters_synchronized"] is True
-    assert result["checks"]["steps_run_per_rank"] == [steps] * world_size  # CPU mode's: 2 warm-up + 4 timed
-    return result
-
-
 # ---------------------------------------------------------------------------------------- working jobs
-
-@pytest.fixture(scope="session")
-def strong_sweep(cluster, tmp_path_factory):
-    """A strong-scaling sweep of the native script over 1 and 2 processes, called from a directory outside the
-    repository without BENCH_RESULTS_DIR, with an option of benchmark_extras.py for the benchmark; the sweep's
-    output, its run folder and what git saw in results/ before."""
-    workdir = tmp_path_factory.mktemp("sweep-workdir")
-    before = committed_results_state()
-    env = job_env(cluster, BENCH_DEVICE="cpu", SWEEP_GPUS="1 2", SWEEP_WAIT="1", SWEEP_POLL_S="0.5",
-                  BENCH_RUN_NAME="strong-sweep")
-    proc = subprocess.run([ROOT / "slurm" / "scaling_sweep.sh", "strong", "--bucket-cap-mb", "10"],
-                          capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
-    return proc, workdir / "runs" / "strong-sweep", before
-
+# The sweep, the sharding script and more than one node: tests/test_multinode.py, on two nodes.
 
 @pytest.fixture(scope="session")
 def lightning_job(cluster, tmp_path_factory):
-    """The Lightning twin's script submitted from a directory outside the repository (BENCH_ROOT names it)
-    without --output or BENCH_RESULTS_DIR; the job, that directory and what git saw in results/ before."""
+    """The Lightning twin's script with the CPU mode's defaults, submitted from a directory outside the repository
+    (BENCH_ROOT names it) without --output or BENCH_RESULTS_DIR; the job, that directory and what git saw in
+    results/ before."""
     workdir = tmp_path_factory.mktemp("lightning-workdir")
     before = committed_results_state()
     job = submit(cluster, workdir, ROOT / "slurm" / "lightning_ddp_resnet50.sbatch", CPU_JOB, cwd=workdir,
@@ -182,65 +63,26 @@ def lightning_job(cluster, tmp_path_factory):
     return job, workdir, before
 
 
-def sweep_points(strong_sweep):
-    """(processes, Job) for each point of the sweep, from its sweep.tsv and the job logs beside it."""
-    proc, run_dir, _ = strong_sweep
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [line.split("\t") for line in (run_dir / "sweep.tsv").read_text().splitlines()[1:]]
-    assert [row[:4] for row in rows] == [["strong", "1", "1", "1"], ["strong", "2", "1", "2"]]
-    return [(int(count), Job(job_id, 0, run_dir / f"ddp_resnet50-strong-{count}-{job_id}.out", proc.stdout))
-            for _, count, _, _, job_id, _ in rows]
-
-
-def test_strong_scaling_sweep_keeps_the_global_batch(strong_sweep):
-    _, run_dir, _ = strong_sweep
-    batches = []
-    for count, job in sweep_points(strong_sweep):
-        assert job.log, job.describe()  # the job log sits next to the results
-        result = read_result(run_dir / f"ddp_resnet50-1n{count}cpu-job{job.id}.json")
-        assert result["status"] == "ok" and result["world"]["launcher"] == "slurm"
-        assert result["world"]["slurm_job_id"] == job.id and result["world"]["world_size"] == count
-        config = result["config"]
-        batches.append((config["batch_mode"], config["global_batch_size"], config["batch_size_per_device"]))
-    # CPU mode's default: 4 images per process at the smallest point, split over more processes.
-    assert batches == [("global", 4, 4), ("global", 4, 2)]
-
-
-def test_native_sbatch_runs_two_slurm_tasks(strong_sweep):
-    _, run_dir, _ = strong_sweep
-    _, job = sweep_points(strong_sweep)[1]  # the 2-process point
-    path = run_dir / f"ddp_resnet50-1n2cpu-job{job.id}.json"
-    result = assert_slurm_result(job, path, "ddp_resnet50.py", 2)
-    assert result["config"]["image_size"] == 32
-    # An option of benchmark_extras.py, which the script imports from the repository only when it is given.
-    assert result["config"]["bucket_cap_mb"] == 10
-    # The batch script named the rendezvous host from Slurm's node list; the ranks used it.
-    hostname = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
-    assert f"MASTER_ADDR={hostname}" in job.log and result["world"]["master_addr"] == hostname
-    assert f"Slurm job {job.id} on 1 node(s) x 2 task(s) (cpu)" in job.log
-    assert job.closing_files() == [str(path)], job.describe()
-
-
 def test_lightning_sbatch_runs_two_slurm_tasks(lightning_job):
     job, workdir, _ = lightning_job
     path = workdir / "runs" / "lightning" / f"lightning_ddp_resnet50-1n2cpu-job{job.id}.json"
-    assert_slurm_result(job, path, "lightning/ddp_resnet50.py", 2)
+    result = assert_slurm_result(job, path, "lightning/ddp_resnet50.py", 2)
     # --devices and --num-nodes came from the job's shape.
     assert "--devices 2 --num-nodes 1" in job.log
     assert job.closing_files() == [str(path)], job.describe()
+    # CPU mode sets the size of the run (32 px, 4 images, 2 + 4 steps) and nothing else: the learning rate is
+    # the script's own default (0.1, its --help), as the srun line shows.
+    srun_line = next(line for line in job.log.splitlines() if line.startswith("== ") and "--device cpu" in line)
+    assert "--lr" not in srun_line and result["config"]["lr"] == 0.1, job.describe()
+    assert result["config"]["image_size"] == 32 and result["config"]["batch_size_per_device"] == 4
 
 
-def test_results_without_output_go_to_runs_not_to_committed_results(lightning_job, strong_sweep):
-    # Each was started from a directory of its own, without --output or BENCH_RESULTS_DIR.
+def test_results_without_output_go_to_runs_not_to_committed_results(lightning_job):
+    # Started from a directory of its own, without --output or BENCH_RESULTS_DIR.
     job, workdir, before = lightning_job
     assert job.returncode == 0, job.describe()
     assert [path.relative_to(workdir).as_posix() for path in workdir.rglob("*.json")] == [
         f"runs/lightning/lightning_ddp_resnet50-1n2cpu-job{job.id}.json"]
-    assert committed_results_state() == before
-    proc, run_dir, before = strong_sweep
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(path.name for path in run_dir.parent.parent.rglob("*.json")) == sorted(
-        f"ddp_resnet50-1n{count}cpu-job{point.id}.json" for count, point in sweep_points(strong_sweep))
     assert committed_results_state() == before
 
 
@@ -250,27 +92,12 @@ def test_lightning_tasks_inside_salloc_do_not_look_interactive(cluster, tmp_path
     # a stand-in interpreter shows the name every srun task sees.
     interpreter = stand_in(tmp_path, "show-task",
                            'echo "task $SLURM_PROCID of $SLURM_STEP_NUM_TASKS in job named $SLURM_JOB_NAME"')
-    proc = subprocess.run(["salloc", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0", "bash",
+    proc = subprocess.run(["salloc", "--ntasks-per-node=2", "--gpus-per-node=0", "bash",
                            "slurm/lightning_ddp_resnet50.sbatch"], capture_output=True, text=True, timeout=60,
                           cwd=ROOT, env=job_env(cluster, tmp_path, BENCH_DEVICE="cpu", BENCH_PYTHON=interpreter))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tasks = sorted(line for line in proc.stdout.splitlines() if line.startswith("task "))
     assert tasks == [f"task {rank} of 2 in job named lightning_ddp_resnet50" for rank in (0, 1)], proc.stdout
-
-
-def test_oss_sbatch_runs_each_strategy_in_one_job(cluster, results_dir):
-    # Two strategies, not the default `all`, and fewer steps than CPU mode's: every strategy costs a CPU job's
-    # worth of time here, and two already show the sequence of strategies in one Slurm job and the
-    # per-strategy result files.
-    job = submit(cluster, results_dir, "slurm/oss_benchmark.sbatch", CPU_JOB, timeout=400, BENCH_DEVICE="cpu",
-                 BENCH_RUN_NAME="oss", BENCH_STRATEGY="ddp,zero1", BENCH_WARMUP_STEPS="1", BENCH_STEPS="2")
-    assert job.returncode == 0, job.describe()
-    paths = [results_dir / "oss" / f"oss_benchmark-ddp+zero1-1n2cpu-job{job.id}-{strategy}.json"
-             for strategy in ("ddp", "zero1")]
-    for strategy, path in zip(("ddp", "zero1"), paths):
-        result = assert_slurm_result(job, path, "oss_benchmark.py", 2, steps=3)
-        assert result["strategy"] == strategy
-    assert sorted(job.closing_files()) == [str(path) for path in paths], job.describe()
 
 
 def test_closing_line_names_only_files_this_job_wrote(cluster, tmp_path):
@@ -294,6 +121,82 @@ def test_closing_line_names_only_files_this_job_wrote(cluster, tmp_path):
     assert job.closing_files() == [f"{stem}-ddp.json"], job.describe()
 
 
+@pytest.mark.parametrize("script,options", [
+    ("slurm/ddp_resnet50.sbatch", []),
+    ("slurm/lightning_ddp_resnet50.sbatch", []),
+    ("slurm/oss_benchmark.sbatch", ["--ntasks-per-node=2", "--gpus-per-node=2"]),  # its 4 GPUs: the node has 2
+])
+def test_default_submission_fits_a_small_node(cluster, tmp_path, script, options):
+    # `sbatch slurm/<script>` with nothing else, on a node of few cores (and two name-only GPUs): the job must
+    # start, not pend for good because the script asks for more cores per task than the node has. The test node
+    # has as many cores as this host, which may be more than such a request: the scripts' own lines are read too.
+    request = re.findall(r"^#SBATCH +(?:--cpus-per-task|--cpus-per-gpu|--mincpus|-c)\b.*", (ROOT / script).read_text(),
+                         flags=re.MULTILINE)
+    assert request == [], f"{script} asks for a fixed number of cores: {request}"
+    job = submit(cluster, tmp_path, script, options, timeout=60, BENCH_PYTHON="echo")
+    assert job.returncode == 0, job.describe()
+    tasks, gpus = (2, 2) if options else (1, 1)
+    assert f"Slurm job {job.id} on 1 node(s) x {tasks} task(s) (cuda, {gpus} GPU(s) on the first node)" in job.log, \
+        job.describe()
+
+
+# Each task says it is ready, then waits; a signal makes it say which one it got, rank 0 write a result and both
+# stop, as the benchmarks do.
+SIGNALLED = ('while [ $# -gt 0 ]; do [ "$1" = --output ] && output=$2; shift; done\n'
+             'stop() {\n  echo "task $SLURM_PROCID got SIG$1"\n'
+             '  [ "$SLURM_PROCID" != 0 ] || { mkdir -p "$(dirname "$output")" && echo "{}" >"$output"; }\n  exit 0\n}\n'
+             'for signal in TERM INT HUP USR1; do trap "stop $signal" "$signal"; done\n'
+             'echo "task $SLURM_PROCID ready"\n'
+             'while :; do sleep 0.1; done')
+
+
+@pytest.mark.parametrize("scancel,signal_name", [
+    ([], "TERM"),  # what the time limit does too: SIGTERM to every process of the job, the batch shell included
+    (["--batch", "--signal=USR1"], "USR1"),  # as `sbatch --signal=B:USR1@120` does before the time limit
+    (["--batch", "--signal=HUP"], "HUP"),  # the batch shell alone, as a closed terminal would
+])
+def test_a_signal_for_the_job_reaches_every_task_and_the_closing_line_names_the_result(cluster, tmp_path, scancel,
+                                                                                      signal_name):
+    waiting = stand_in(tmp_path, "wait-for-a-signal", SIGNALLED)
+    job_id, log, output = sbatch(cluster, tmp_path, "slurm/ddp_resnet50.sbatch", CPU_JOB, BENCH_DEVICE="cpu",
+                                 BENCH_PYTHON=waiting, BENCH_RUN_NAME="signalled")
+    assert job_id, output
+    wait_for_line(cluster, job_id, log, r"^task 1 ready(?s:.*)^task 0 ready|^task 0 ready(?s:.*)^task 1 ready", 60)
+    subprocess.run(["scancel", *scancel, job_id], check=True, capture_output=True, env=cluster.env(), timeout=30)
+    job = Job(job_id, wait_for(cluster, job_id, 60), log, output)
+    tasks = sorted(line for line in job.log.splitlines() if line.startswith("task ") and " got " in line)
+    assert tasks == [f"task {rank} got SIG{signal_name}" for rank in (0, 1)], job.describe()
+    path = tmp_path / "signalled" / f"ddp_resnet50-1n2cpu-job{job_id}.json"
+    assert job.closing_files() == [str(path)], job.describe()
+
+
+def test_a_closed_terminal_still_leaves_the_result_and_the_closing_line(cluster, tmp_path):
+    # The script run inside salloc from a terminal that then closes: SIGHUP to the terminal's foreground process
+    # group, which salloc gives to the script it runs. srun must not get it: it would kill the tasks at once.
+    settings = {"BENCH_DEVICE": "cpu", "BENCH_PYTHON": stand_in(tmp_path, "wait-for-a-signal", SIGNALLED),
+                "BENCH_RUN_NAME": "hung-up"}
+    proc = subprocess.Popen(["salloc", "--ntasks-per-node=2", "--gpus-per-node=0", "bash", "slurm/ddp_resnet50.sbatch"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env=job_env(cluster, tmp_path, **settings), start_new_session=True)
+    try:
+        lines = []
+        while sum(line.endswith(" ready\n") for line in lines) < 2 and (not lines or lines[-1]):
+            lines.append(proc.stdout.readline())
+        script = int(pathlib.Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+        os.killpg(os.getpgid(script), signal.SIGHUP)
+        output = "".join(lines) + proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    job_id = re.search(r"Granted job allocation (\d+)", output).group(1)
+    stopped = sorted(line for line in output.splitlines() if re.match(r"task \d got SIG", line))
+    assert stopped == ["task 0 got SIGHUP", "task 1 got SIGHUP"], output  # rank 0 wrote the result
+    path = tmp_path / "hung-up" / f"ddp_resnet50-1n2cpu-job{job_id}.json"
+    closing = [line for line in output.splitlines() if line.startswith("== srun exit status")]
+    assert closing == [f"== srun exit status 0; result file(s): {path}"], output
+
+
 # ---------------------------------------------------------------------------------------- bad input
 
 BAD_INPUT = {
@@ -301,11 +204,9 @@ BAD_INPUT = {
                           "Lightning --devices 1 but --ntasks-per-node=2"),
     "lightning-num-nodes": ("slurm/lightning_ddp_resnet50.sbatch", CPU_JOB, ["--num-nodes=2"],
                             {"BENCH_DEVICE": "cpu"}, "Lightning --num-nodes 2 but the job has 1 node(s)"),
-    "more-tasks-than-gpus": ("slurm/ddp_resnet50.sbatch", ["--ntasks-per-node=2", "--cpus-per-task=1",
-                                                           "--gpus-per-node=1"], [], {},
+    "more-tasks-than-gpus": ("slurm/ddp_resnet50.sbatch", ["--ntasks-per-node=2", "--gpus-per-node=1"], [], {},
                              "2 tasks per node but only 1 GPU(s) per node"),
-    "more-gpus-than-tasks": ("slurm/ddp_resnet50.sbatch", ["--ntasks-per-node=1", "--cpus-per-task=1",
-                                                           "--gpus-per-node=2"], [], {},
+    "more-gpus-than-tasks": ("slurm/ddp_resnet50.sbatch", ["--ntasks-per-node=1", "--gpus-per-node=2"], [], {},
                              "2 GPUs per node but only 1 task(s) per node"),
     "no-gpu": ("slurm/lightning_ddp_resnet50.sbatch", CPU_JOB, [], {}, "no GPU allocated to this job"),
     "ntasks-not-nodes-times-per-node": ("slurm/ddp_resnet50.sbatch", ["--ntasks=1", *CPU_JOB], [],
@@ -314,28 +215,51 @@ BAD_INPUT = {
     "weak-and-strong": ("slurm/ddp_resnet50.sbatch", CPU_JOB, [],
                         {"BENCH_DEVICE": "cpu", "BENCH_BATCH_SIZE_PER_DEVICE": "4", "BENCH_GLOBAL_BATCH_SIZE": "8"},
                         "set BENCH_BATCH_SIZE_PER_DEVICE (weak scaling) or BENCH_GLOBAL_BATCH_SIZE"),
+    # Run folders that would leave the results folder, or be filed under another name than the one given. `echo`
+    # stands in for python: such a job must stop before srun.
+    "run-name-parent": ("slurm/ddp_resnet50.sbatch", CPU_JOB, [], {"BENCH_DEVICE": "cpu", "BENCH_RUN_NAME": "..",
+                                                                   "BENCH_PYTHON": "echo"},
+                        "BENCH_RUN_NAME '..' cannot name the run folder"),
+    "run-name-path": ("slurm/ddp_resnet50.sbatch", CPU_JOB, [], {"BENCH_DEVICE": "cpu", "BENCH_RUN_NAME": "a/b",
+                                                                 "BENCH_PYTHON": "echo"},
+                      "BENCH_RUN_NAME 'a/b' cannot name the run folder"),
+    "job-name-parent": ("slurm/ddp_resnet50.sbatch", ["--job-name=..", *CPU_JOB], [],
+                        {"BENCH_DEVICE": "cpu", "BENCH_PYTHON": "echo"},
+                        "the job name (--job-name; BENCH_RUN_NAME overrides it) '..' cannot name the run folder"),
 }
 
 
-def assert_stopped_before_srun(returncode, output, expected, results):
+def assert_stopped_before_srun(returncode, output, expected, directory):
     lines = [line for line in output.splitlines() if line.strip() and not line.startswith("salloc: ")]
     assert returncode == 2, output
     assert len(lines) == 1 and ": error: " in lines[0] and expected in lines[0], output
-    assert not list(results.rglob("*.json"))  # nothing ran, nothing was written
+    # Nothing ran, nothing was written or made: no result, no run folder (the results go to directory/results).
+    assert not [path for path in directory.rglob("*") if path.is_dir() or path.suffix == ".json"], output
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUT))
 def test_bad_job_shape_stops_with_one_line(cluster, tmp_path, case):
     script, options, args, settings, expected = BAD_INPUT[case]
-    job = submit(cluster, tmp_path, script, options, args, timeout=60, **settings)
+    job = submit(cluster, tmp_path, script, options, args, timeout=60,
+                 **{"BENCH_RESULTS_DIR": str(tmp_path / "results"), **settings})
     assert job.id, job.describe()
     assert_stopped_before_srun(job.returncode, job.log, expected, tmp_path)
+
+
+def test_refused_benchmark_arguments_leave_no_run_folder(cluster, tmp_path):
+    # The benchmark itself refuses the strategy, before it makes its result's folder; the batch script must not
+    # have made that folder for it either.
+    job = submit(cluster, tmp_path, "slurm/oss_benchmark.sbatch", ["--ntasks-per-node=1", "--gpus-per-node=0"],
+                 ["--strategy", "bogus"], timeout=120, BENCH_DEVICE="cpu", BENCH_RESULTS_DIR=str(tmp_path / "runs"))
+    assert job.returncode == 2 and "bogus" in job.log, job.describe()
+    assert job.closing_files() == ["none"], job.describe()
+    assert not (tmp_path / "runs").exists(), job.describe()
 
 
 def test_gres_site_job_without_gpu_says_so(cluster, tmp_path):
     # --gres=gpu:0 overrides the site copy's `#SBATCH --gres=gpu:1`: Slurm sets no GPU variable at all.
     job = submit(cluster, tmp_path, gres_site_copy("slurm/ddp_resnet50.sbatch", tmp_path),
-                 ["--ntasks-per-node=1", "--cpus-per-task=1", "--gres=gpu:0"], timeout=60)
+                 ["--ntasks-per-node=1", "--gres=gpu:0"], timeout=60)
     assert_stopped_before_srun(job.returncode, job.log, "no GPU allocated to this job", tmp_path)
 
 
@@ -359,7 +283,7 @@ def test_gpu_job_passes_the_checks_and_reaches_srun(cluster, tmp_path, script, r
         submitted, request = gres_site_copy(script, tmp_path), "--gres=gpu:2"
     else:
         submitted, request = script, "--gpus-per-node=2"
-    job = submit(cluster, tmp_path, submitted, ["--ntasks-per-node=2", "--cpus-per-task=1", request], timeout=60,
+    job = submit(cluster, tmp_path, submitted, ["--ntasks-per-node=2", request], timeout=60,
                  BENCH_PYTHON=stand_in(tmp_path, "show-gpus", SHOW_GPUS))
     assert job.returncode == 0, job.describe()
     assert f"Slurm job {job.id} on 1 node(s) x 2 task(s) (cuda, 2 GPU(s) on the first node)" in job.log, job.describe()
@@ -379,7 +303,7 @@ def test_exclusive_gpu_job_passes_the_checks_and_reaches_srun(cluster, tmp_path,
         script, request = gres_site_copy("slurm/ddp_resnet50.sbatch", tmp_path), "--gres=gpu:1"
     else:
         script, request = "slurm/ddp_resnet50.sbatch", "--gpus-per-node=1"
-    options = ["--exclusive", "--ntasks-per-node=1", "--cpus-per-task=1", request]
+    options = ["--exclusive", "--ntasks-per-node=1", request]
     job = submit(cluster, tmp_path, script, options, timeout=60, BENCH_PYTHON="echo")
     assert job.returncode == 0, job.describe()
     assert f"Slurm job {job.id} on 1 node(s) x 1 task(s) (cuda, 2 GPU(s) on the first node)" in job.log, \
@@ -420,7 +344,17 @@ def test_sweep_that_sbatch_refuses_leaves_no_manifest(cluster, tmp_path):
     assert list(tmp_path.iterdir()) == []  # neither sweep.tsv nor its run folder
 
 
-# ------------------------------------------------------------------- sweep composition (no Slurm needed)
+# ------------------------------------------------------------------- the manual, the sweep's composition (no Slurm)
+
+def test_manual_shows_cpu_mode_for_every_script_and_how_to_start_a_private_cluster():
+    manual = (ROOT / "slurm" / "README.md").read_text()
+    cpu_mode = manual.split("\n## CPU mode\n", 1)[1].split("\n## ", 1)[0]
+    commands = [line for line in cpu_mode.splitlines() if line.startswith("BENCH_DEVICE=cpu ")]
+    for script in sorted((ROOT / "slurm").glob("*.sbatch")):
+        assert [line for line in commands if f"--gpus-per-node=0 slurm/{script.name}" in line], script.name
+    assert "python3 tests/slurm_cluster.py " in manual and "export SLURM_CONF=" in manual
+
+
 
 @pytest.fixture
 def recording_sbatch(tmp_path):
@@ -442,8 +376,8 @@ echo $(( 100 + $(wc -l < {record}) ))
     sbatch.chmod(sbatch.stat().st_mode | stat.S_IXUSR)
 
     def sweep(*args, **settings):
-        env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", BENCH_RESULTS_DIR=str(tmp_path / "results"),
-                        BENCH_RUN_NAME="composed", **settings)
+        env = clean_env(**{"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                           "BENCH_RESULTS_DIR": str(tmp_path / "results"), "BENCH_RUN_NAME": "composed", **settings})
         proc = subprocess.run(["slurm/scaling_sweep.sh", *args], capture_output=True, text=True, timeout=60,
                               cwd=ROOT, env=env)
         return proc, record.read_text().splitlines() if record.exists() else []
@@ -478,11 +412,13 @@ def test_strong_sweep_fixes_one_global_batch_and_can_ask_for_gres(recording_sbat
     ("weak", {"SWEEP_GPUS": "12", "SWEEP_GPUS_PER_NODE": "8"}, "12 GPUs do not fill whole nodes of 8"),
     ("weak", {"BENCH_GLOBAL_BATCH_SIZE": "64"}, "weak scaling fixes the batch per device"),
     ("both", {}, "first argument: weak"),
+    ("weak", {"BENCH_RUN_NAME": ".."}, "BENCH_RUN_NAME '..' cannot name the run folder"),
 ])
-def test_bad_sweep_stops_before_submitting(recording_sbatch, mode, settings, expected):
+def test_bad_sweep_stops_before_submitting(recording_sbatch, tmp_path, mode, settings, expected):
     proc, submitted = recording_sbatch(mode, **settings)
     assert proc.returncode == 2 and submitted == []
     assert proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
+    assert not (tmp_path / "results").exists() and not (tmp_path / "sweep.tsv").exists()
 
 
 def test_sweep_names_the_jobs_it_submitted_before_sbatch_failed(recording_sbatch, tmp_path):
