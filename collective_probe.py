@@ -29,7 +29,6 @@ Exit codes: 0 ok, 1 error, 2 bad input (one line on stderr, no file written).
 import argparse
 import datetime
 import json
-import math
 import os
 import pathlib
 import re

@@ -38,7 +38,7 @@ import re
 import statistics
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 PROG = "scaling_model.py"
 ROOT = pathlib.Path(__file__).resolve().parent
@@ -495,7 +495,6 @@ class Context:
     local: LocalCosts
     n: int
     window_ms: float  # the backward's duration on one GPU
-    notes: list = field(default_factory=list)
 
     def ready_ms(self, indices):
         if self.workload.compiled_ddp == "no_optimization":  # one backward graph: every gradient at its end
@@ -723,7 +722,8 @@ def local_costs(baseline, probe, args):
     if probe is not None and probe.get("collectives", {}).get("local_copy"):
         return probe_costs(probe, args.probe, sm_share)
     if not cuda:
-        raise UsageError("a CPU run needs --probe: the per-copy cost and copy bandwidth come from its local copy")
+        raise UsageError("a CPU run needs a probe (--probe, or its result's collective_probe): the per-copy cost "
+                         "and copy bandwidth come from its local copy")
     name = ((result.get("hardware") or {}).get("ranks") or [{}])[0].get("gpu_name") or ""
     memory = args.memory_bandwidth or next((v for k, v in MEMORY_GBPS.items() if k in name), None)
     if memory is None:
@@ -939,7 +939,10 @@ def validate(folders, args):
             skipped.append({"path": path, "reason": reason or "no one-GPU run of this workload"})
             continue
         leads = host_leads(r for _, r in candidates if workload_key(r) == workload_key(result))
-        runs.append(validate_run(path, result, baseline, args, leads))
+        try:
+            runs.append(validate_run(path, result, baseline, args, leads))
+        except UsageError as error:  # e.g. a CPU run without a probe: no link or copy costs to predict it from
+            skipped.append({"path": path, "reason": str(error)})
     return summarise_validation(runs, skipped, args)
 
 

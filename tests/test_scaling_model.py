@@ -184,8 +184,8 @@ def test_check_doc_passes_on_the_committed_document_and_fails_on_an_edited_copy(
 
 
 def test_the_plot_takes_a_validation_dict(model, tmp_path):
-    validation = {"max_abs_error_pp": 0.5, "runs": [
-        {"measured": 98.0, "predicted": 98.4, "covered": True}, {"measured": 90.0, "predicted": 97.0, "covered": False}]}
+    validation = {"max_abs_error_pp": 0.5, "runs": [{"measured": 98.0, "predicted": 98.4, "covered": True},
+                                                    {"measured": 90.0, "predicted": 97.0, "covered": False}]}
     model.plot_predicted_against_measured(validation, tmp_path / "plot.svg")
     assert (tmp_path / "plot.svg").read_text().lstrip().startswith("<?xml")
     assert [p.name for p in tmp_path.iterdir()] == ["plot.svg"]
