@@ -464,7 +464,7 @@ def workload_of(config, strategy=None):
     optimizer = config.get("optimizer", "sgd")
     impl = config.get("optimizer_impl") or ("fused" if config.get("device") == "cuda" and
                                             not config.get("grad_scaler") else "foreach")
-    if strategy != config.get("strategy", "ddp") or config.get("benchmark") == "oss_benchmark.py":
+    if strategy not in (config.get("strategy", "ddp"), "ddp"):  # a sharding strategy as oss_benchmark.py runs it
         impl = "foreach" if strategy == "zero1_overlap" else SUITE_IMPL.get(optimizer, impl)
     compiled = "eager" if not config.get("compile") else config.get("compiled_ddp") or "ddp_optimizer"
     return Workload(
