@@ -636,12 +636,13 @@ def facts_for(workload, baseline, local):
                        peak, local.memory_gbps, local.kernel_us)
 
 
-def predict(strategy, n, baseline, workload, topology, local):
-    """The predicted step of `strategy` on n ranks, with each term (ms)."""
+def predict(strategy, n, baseline, workload, topology, local, backward_share=None):
+    """The predicted step of `strategy` on n ranks, with each term (ms). backward_share: the backward's share of
+    the one-GPU step from a measured phase profile (default: the roofline's)."""
     facts = facts_for(workload, baseline, local)
     compute = baseline.compute_ms
     context = Context(workload, workload_of(baseline.config), facts, topology, local, n,
-                      facts.backward_share * compute)
+                      (backward_share or facts.backward_share) * compute)
     terms = {"compute": compute, "per-step overhead": baseline.step_ms - compute,
              "straggler": expected_max_ms(baseline.samples_per_gpu(), n) - baseline.mean_sample_ms if n > 1 else 0.0}
     extra = STRATEGY_TERMS[strategy](context) if n > 1 else {}
@@ -742,6 +743,18 @@ def topology_of(args, probe):
                     args.gpus_per_node)
 
 
+def phase_profile_share(path, baseline):
+    """The backward's share of the step from a one-GPU oss_benchmark.py run of the same workload (its phases)."""
+    result = read_json(path)
+    phases = ((result.get("analysis") or {}).get("phases_ms") or {}) if isinstance(result, dict) else {}
+    if world_size(result) != 1 or "backward" not in phases:
+        raise UsageError(f"{path}: --phase-profile takes a one-GPU oss_benchmark.py result with its phases")
+    keys = ("image_size", "batch_size_per_device", "precision", "memory_format", "compile", "cuda_graphs")
+    if any(result["config"].get(key) != baseline.config.get(key) for key in keys):
+        raise UsageError(f"{path}: its phases are of another workload than the one-GPU results'")
+    return phases["backward"]["median"] / sum(phase["median"] for phase in phases.values())
+
+
 def read_probe(path):
     data = read_json(path, "probe")
     probe = data.get("collective_probe", data) if isinstance(data, dict) else None
@@ -759,13 +772,13 @@ def describe_terms(prediction, names):
 
 
 def prediction_table(predictions):
-    lines = ["| strategy | GPUs | step ms | img/s | efficiency | compute + one-GPU overhead % | straggler % | "
-             "exposed communication % | added kernels and optimizer % |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| strategy | GPUs | step ms | img/s | efficiency | compute % | per-step overhead % | straggler % | "
+             "exposed communication % | added kernels and optimizer % |", "|---|---|---|---|---|---|---|---|---|---|"]
     for p in predictions:
-        base = 100 * (p.terms["compute"] + p.terms["per-step overhead"]) / p.step_ms
+        share = {name: 100 * p.terms[name] / p.step_ms for name in ("compute", "per-step overhead", "straggler")}
         lines.append(f"| {p.strategy} | {p.n} | {p.step_ms:.2f} | {p.images_per_second:,.0f} | "
-                     f"{100 * p.efficiency:.1f} % | {base:.1f} | {100 * p.terms['straggler'] / p.step_ms:.2f} | "
-                     f"{describe_terms(p, COMMUNICATION)} | {describe_terms(p, OVERHEAD)} |")
+                     f"{100 * p.efficiency:.1f} % | {share['compute']:.1f} | {share['per-step overhead']:.2f} | "
+                     f"{share['straggler']:.2f} | {describe_terms(p, COMMUNICATION)} | {describe_terms(p, OVERHEAD)} |")
     return "\n".join(lines)
 
 
@@ -1031,6 +1044,8 @@ def parse_arguments(argv):
     add("--nics-per-node", type=int, help="inter-node NICs per node (default: one per GPU)")
     add("--memory-bandwidth", type=float, help="the GPU's HBM bandwidth, GB/s (default: its datasheet's)")
     add("--kernel-profile", default=str(KERNEL_PROFILE), help="one-GPU kernel profile giving a kernel's cost")
+    add("--phase-profile", help="a one-GPU oss_benchmark.py result of the workload: its measured backward share "
+                                "(default: a roofline over the model's operators)")
     add("--json", help="write the predictions (or the validation) to this JSON file")
     add("--validate", nargs="+", metavar="FOLDER", help="predict every multi-rank result under these folders")
     add("--plot", help="with --validate: plot predicted against measured to this image file")
@@ -1098,7 +1113,8 @@ def predictions_of(args, counts, strategies):
     probe = read_probe(args.probe) if args.probe else None
     baseline = baseline_of(args.results)
     topology, local = topology_of(args, probe), local_costs(baseline, probe, args)
-    predictions = [predict(strategy, n, baseline, workload_of(baseline.config, strategy), topology, local)
+    share = phase_profile_share(args.phase_profile, baseline) if args.phase_profile else None
+    predictions = [predict(strategy, n, baseline, workload_of(baseline.config, strategy), topology, local, share)
                    for strategy in strategies for n in counts]
     return baseline, topology, local, predictions
 
