@@ -208,14 +208,15 @@ def one_process_pair(folder, names):
 
 
 def test_the_model_predicts_a_two_process_cpu_run_from_one_process_runs_and_a_gloo_probe(tmp_path):
-    """One-process pairs before and after the two-process run and its probe, then --validate.
+    """One-process pairs before and after the two-process run and its probe, then --validate: the pipeline a GPU
+    run will follow once its result holds its probe, on gloo.
 
-    The tolerance is 40 points: on a shared two-core machine, runs a minute apart see different loads. Repeated
-    here, identical runs measured the efficiency anywhere from 45 % to 112 %, and the model's error ranged from
-    -27 to +38 points (the two-process step's gloo threads compete for the cores with everything else running,
-    which no isolated probe sees). What the test can catch is a gross error (a unit, a missing term, a broken
-    match); the committed GPU runs check the model's figures to a fraction of a point. When the one-process rate
-    moves by more than 25 % between the pairs the measurement is not like for like: the test says so and skips."""
+    Whether the figure can be checked depends on the machine: on a shared two-core host identical one-process runs
+    a minute apart measured anywhere from 4.4 to 14 img/s here. When the four one-process rates agree within 20 %
+    the machine held still, and the error must stay within 15 points: on such a machine here the measured
+    efficiency was 66-73 % and the error +0.6, +1.9 and +4.4 points (the model takes gloo's threads as stealing
+    all their time from the computation on the shared cores, the rest of the spread is the host's). Otherwise the
+    test says so and skips the figure; the committed GPU runs check the model's figures to a fraction of a point."""
     runs = tmp_path / "runs"
     runs.mkdir()
     before = one_process_pair(runs, ["one-a.json", "one-b.json"])
@@ -235,10 +236,15 @@ def test_the_model_predicts_a_two_process_cpu_run_from_one_process_runs_and_a_gl
     (run,) = json.loads(output.read_text())["runs"]
     assert len(run["one_gpu_runs"]) == 4 and run["covered"] and run["like_for_like"]
     assert run["terms_ms"]["all-reduce"] > 0 and run["terms_ms"]["SM sharing"] > 0
-    drift = abs(statistics.fmean(after) - statistics.fmean(before)) / statistics.fmean(before + after)
-    if drift > 0.25:
-        pytest.skip(f"the machine's load moved the one-process rate by {drift:.0%} during the test")
-    assert abs(run["error"]) <= 40, (run, before, after)
+    rates = before + after
+    spread = (max(rates) - min(rates)) / statistics.fmean(rates)
+    figures = f"one-process img/s {[round(r, 2) for r in rates]}, measured {run['measured']:.1f} %, " \
+              f"predicted {run['predicted']:.1f} %"
+    # whatever the machine does, the model's own figure stays plausible (62-92 % in every repetition here)
+    assert 30 <= run["predicted"] <= 100, figures
+    if spread > 0.2:
+        pytest.skip(f"the machine did not hold still ({figures})")
+    assert abs(run["error"]) <= 15, figures
 
 
 # -------------------------------------------------------------------------------------------------- bad input
