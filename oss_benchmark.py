@@ -543,6 +543,8 @@ def main(argv=None):
     configs = resolve_configs(args, strategies, overrides, launch, cuda, device_count, bf16)
     refusal = next(filter(None, (output_refusal(config, launch["rank"]) for config in configs)), None)
     refusal = refusal or trace_dir_refusal(args.trace_dir, launch["rank"])
+    if refusal and launch["world_size"] == 1:  # no other rank to tell
+        raise UsageError(refusal)
     if launch["world_size"] == 1:  # the strategies' libraries need a process group, even of one rank
         notes.append("one rank: every strategy runs over a process group of one rank, unsharded (a smoke run)")
         dist.init_process_group(configs[0]["backend"], store=dist.HashStore(), rank=0, world_size=1)
@@ -559,7 +561,8 @@ def main(argv=None):
             elif stopped_before(run, previous):
                 code = code or 128 + run.record["signal"]
                 break
-            code = code or train_and_analyse(run, mesh)
+            outcome = train_and_analyse(run, mesh)  # every strategy runs; the first non-zero code is the launch's
+            code = code or outcome
             gc.collect()  # this strategy's model, optimizer and buffers, before the next one measures
             if run.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -772,7 +775,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 
 def parse_arguments_with_extras(parser, argv, **defaults):
-    """Every script's options (defaults: the script's own for some); benchmark_extras.py's join when the command line
+    """Every script's options (defaults: a script's own, for --lr); benchmark_extras.py's join when the command line
     has one the script lacks, or -h."""
     add = parser.add_argument
     batch = parser.add_mutually_exclusive_group()
@@ -787,14 +790,13 @@ def parse_arguments_with_extras(parser, argv, **defaults):
         help="auto: channels_last on GPU, contiguous on CPU")
     add("--device", choices=["cuda", "cpu"], default="cuda", help="cuda (NCCL) or cpu (gloo) (%(default)s)")
     add("--image-size", type=int, default=224, help="square input size (%(default)s)")
-    add("--lr", type=float, default=0.1, help="learning rate (%(default)s)")
+    add("--lr", type=float, default=defaults.get("lr", 0.1), help="learning rate (%(default)s)")
     add("--momentum", type=float, default=0.9, help="SGD momentum (%(default)s)")
     add("--seed", type=int, default=0, help="weights; rank r's data uses seed + 1 + r (%(default)s)")
     add("--output", help="result JSON (runs/<script>-<strategy>-<world><device>-<precision>-<job or pid>.json)")
     add("--overwrite", action="store_true", help="replace an existing --output")
     add("--timeout", type=int, default=300, help="seconds a rank waits for the others (%(default)s)")
     add("--compile", action="store_true", help="torch.compile the model")
-    parser.set_defaults(**defaults)
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv) or parser.parse_known_args(argv)[1]:
         import_extras().add_arguments(parser)

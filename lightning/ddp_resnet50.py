@@ -417,7 +417,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 
 def parse_arguments_with_extras(parser, argv, **defaults):
-    """Every script's options (defaults: the script's own for some); benchmark_extras.py's join when the command line
+    """Every script's options (defaults: a script's own, for --lr); benchmark_extras.py's join when the command line
     has one the script lacks, or -h."""
     add = parser.add_argument
     batch = parser.add_mutually_exclusive_group()
@@ -432,14 +432,13 @@ def parse_arguments_with_extras(parser, argv, **defaults):
         help="auto: channels_last on GPU, contiguous on CPU")
     add("--device", choices=["cuda", "cpu"], default="cuda", help="cuda (NCCL) or cpu (gloo) (%(default)s)")
     add("--image-size", type=int, default=224, help="square input size (%(default)s)")
-    add("--lr", type=float, default=0.1, help="learning rate (%(default)s)")
+    add("--lr", type=float, default=defaults.get("lr", 0.1), help="learning rate (%(default)s)")
     add("--momentum", type=float, default=0.9, help="SGD momentum (%(default)s)")
     add("--seed", type=int, default=0, help="weights; rank r's data uses seed + 1 + r (%(default)s)")
     add("--output", help="result JSON (runs/<script>-<strategy>-<world><device>-<precision>-<job or pid>.json)")
     add("--overwrite", action="store_true", help="replace an existing --output")
     add("--timeout", type=int, default=300, help="seconds a rank waits for the others (%(default)s)")
     add("--compile", action="store_true", help="torch.compile the model")
-    parser.set_defaults(**defaults)
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv) or parser.parse_known_args(argv)[1]:
         import_extras().add_arguments(parser)

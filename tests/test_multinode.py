@@ -182,7 +182,6 @@ def test_scancel_stops_every_rank_after_the_same_step(two_nodes, two_node_jobs):
     assert_two_nodes(job, result)
 
 
-@pytest.mark.xfail(strict=True, reason="needs the benchmark scripts to treat SIGUSR1 like SIGTERM")
 def test_sigusr1_before_the_time_limit_stops_every_rank_after_the_same_step(two_nodes, two_node_jobs):
     # What `sbatch --signal=USR1@120` sends two minutes before the time limit: SIGUSR1 to the job's tasks.
     jobs, _, directory, _, _ = two_node_jobs

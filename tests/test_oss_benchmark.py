@@ -1,5 +1,5 @@
 """oss_benchmark.py on the CPU: every strategy gloo can run in one launch of 2 processes at 32 px; the same on one
-process (unsharded) under the fairscale preset with its epoch statistic; the table rebuilt from the result files;
+process (unsharded) under the fairscale preset with its epoch statistic; report.py's sharding table of the files;
 a signal during the analysis passes; real faults (an out-of-memory rank, a rank with another learning rate); bad
 input (one line, exit 2, nothing written)."""
 import json
@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import OSS, SMALL, finish, launch_by_hand, load_script, read_result, run_script
+from conftest import OSS, ROOT, SMALL, finish, launch_by_hand, load_script, read_result, run_script
 
 GLOO_STRATEGIES = ["ddp", "zero1", "fsdp_zero2", "fsdp_zero3", "oss_ddp", "oss_sharded_ddp"]  # the run order
 # SMALL, shortened: six strategies in one launch must stay well inside the suite's time on 2 CPU cores.
@@ -32,7 +32,7 @@ def refused(script, monkeypatch):
     of training in the test process."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(script, "strategy_run", lambda *args: pytest.fail("the command was accepted"))
+    monkeypatch.setattr(script, "Run", lambda *args, **kwargs: pytest.fail("the command was accepted"))
     return script
 
 
@@ -143,15 +143,22 @@ def test_optimizer_state_is_sharded_as_expected_and_channels_last_survives(all_r
         assert analysis["parameter_layout_per_rank"] == [{"conv_weights": 20, "channels_last": 0 if fsdp else 20}] * 2
 
 
-def test_table_is_rebuilt_from_the_result_files(all_run, script, capsys):
+def sharding_table(paths):
+    """report.py's sharding table of result files: the one reader of them."""
+    import subprocess
+    proc = subprocess.run([sys.executable, str(ROOT / "report.py"), "--sharding", *map(str, paths)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_the_launch_names_the_command_that_compares_its_strategies(all_run):
     proc, paths, _ = all_run
-    final_table = proc.stdout[proc.stdout.rindex("result: ok ->"):].split("\n", 1)[1]
-    assert "| strategy | Median throughput (img/s) (rank 0) ± MAD | Peak memory (MiB) |" in final_table
-    assert all(f"| {strategy} |" in final_table for strategy in GLOO_STRATEGIES)
-    assert "| fsdp_zero3 | " in final_table.split("| strategy | vs ddp |")[1]  # the explanation, per strategy
-    # Files in any order: the table keeps the strategies' order (in-process: the same main()).
-    assert script.main(["--table", *map(str, reversed(list(paths.values())))]) == 0
-    assert capsys.readouterr().out == final_table
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line == "the strategies side by side: python report.py --sharding " + " ".join(map(str, paths.values()))
+    table = sharding_table(reversed(list(paths.values())))
+    rows = {row.split(" | ")[0].lstrip("| ") for row in table.splitlines() if row.startswith("| ")}
+    assert set(GLOO_STRATEGIES) <= rows, table
 
 
 def test_one_rank_runs_every_strategy_unsharded(one_rank_run, script, capsys):
@@ -161,8 +168,6 @@ def test_one_rank_runs_every_strategy_unsharded(one_rank_run, script, capsys):
     for strategy, result in results.items():
         assert (result["status"], result["sharded"], result["world"]["world_size"]) == ("ok", False, 1), strategy
         assert result["analysis"]["memory"]["expected_optimizer_state_saving_bytes_vs_ddp"] == 0
-    table = proc.stdout[proc.stdout.rindex("result: ok ->"):]
-    assert "| ddp | " in table and all(f"| {s} unsharded (1 rank) | " in table for s in GLOO_STRATEGIES[1:])
     assert "Traceback" not in proc.stderr
 
 
@@ -187,10 +192,7 @@ def test_fairscales_epoch_statistic_in_the_result_and_the_table(one_rank_run, sc
             epochs["steps_left_out"]) == (2, 2, 1, 1)
     assert epochs["images_per_second"] == pytest.approx([2 * 2 / (sum(steps[:2]) / 1e3)])
     assert (epochs["median"], epochs["mad"]) == (epochs["images_per_second"][0], 0.0)
-    assert script.main(["--table", str(paths["oss_ddp"])]) == 0
-    table = capsys.readouterr().out
-    assert "| per epoch: median ± MAD (epochs x steps) |" in table
-    assert f"| {epochs['median']:,.0f} ± 0 (1 x 2) |" in table
+    assert f"{epochs['median']:,.0f} ± 0 (1 x 2)" in sharding_table([paths["oss_ddp"]])
 
 
 def wait_for_line(proc, text, limit_s=240):
@@ -253,13 +255,14 @@ def test_parameters_out_of_sync_are_reported_and_the_launch_goes_on(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--strategy", "ddp,zero4"], "unknown or repeated strategy in 'ddp,zero4'"),
     (["--device", "cpu", "--strategy", "zero1_overlap"], "--strategy zero1_overlap cannot run on gloo"),
-    (["--table", "x.json", "--strategy", "ddp"], "--table only reads result files"),
+    (["--table", "x.json"], "unrecognized arguments: --table"),  # report.py --sharding reads result files
     (["--compile"], "--compile is not offered here"),
     (["--comm-hook", "bf16_compress"], "unrecognized arguments: --comm-hook"),  # no speed options here
     (["--model", "vgg16"], "invalid choice: 'vgg16'"),
     (["--device", "cuda", "--strategy", "zero1_overlap", "--precision", "fp16"], "zero1_overlap cannot use fp16"),
     (["--device", "cuda", "--strategy", "zero1_overlap", "--warmup-steps", "2"], "needs --warmup-steps >= 3"),
-    (["--table", "/nonexistent/result.json"], "cannot read /nonexistent/result.json"),
+    (["--device", "cpu", "--strategy", "ddp", "--trace-dir", "/proc/traces"], "--trace-dir /proc/traces cannot be "
+                                                                              "written"),
     (["--phase-steps", "-1"], "must not be negative"),
     (["--device", "cpu", "--steps-per-epoch", "0"], "--steps-per-epoch must be from 1 to --steps"),
     (["--device", "cpu", "--fsdp-param-dtype", "compute"], "--fsdp-param-dtype compute needs --device cuda"),
@@ -278,10 +281,10 @@ def test_an_invalid_command_makes_no_trace_folder(refused, tmp_path, monkeypatch
     script = refused
     (tmp_path / "exists.json").write_text("{}")
     traces = tmp_path / "traces" / "deeper"
-    monkeypatch.setattr(sys, "argv", [script.BENCHMARK, *argv, "--trace-dir", str(traces), "--output",
+    monkeypatch.setattr(sys, "argv", [script.SCRIPT, *argv, "--trace-dir", str(traces), "--output",
                                       str(tmp_path / "exists.json")])
     with pytest.raises(SystemExit) as exit_info:
-        script.run_guarded(script.main)
+        script.run_guarded(script.main, script.SCRIPT)
     assert exit_info.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
     assert not (tmp_path / "traces").exists()
 
@@ -349,18 +352,17 @@ def test_collectives_are_read_from_a_trace_without_the_stop_agreement(script):
                                                                                     "reduce-scatter": 100}
     assert script.analytic_volumes("fsdp_zero2", 100, 8, 1) == {}  # one rank: FSDP2 sends nothing, DDP still does
     assert script.analytic_volumes("ddp", 100, 8, 1) == {"all-reduce": 100, "broadcast": 8}
-    assert script.number(-0.3) == "0" and script.number(-0.6) == "-1"
 
 
 def test_phase_marker_reads_the_host_clock_on_the_cpu(script, monkeypatch):
     clock = iter(range(1000))
     monkeypatch.setattr(script.time, "perf_counter", lambda: next(clock) / 1000)  # +1 ms per read
     marker = script.PhaseMarker(torch.device("cpu"), synchronize=True)
-    marker.close()
-    marker.close("forward")
-    marker.close("optimizer_step")
-    marker.close("parameter_sync")
-    marker.close("optimizer_step")  # a phase closed twice in a step adds up
+    marker.end_phase()
+    marker.end_phase("forward")
+    marker.end_phase("optimizer_step")
+    marker.end_phase("parameter_sync")
+    marker.end_phase("optimizer_step")  # a phase ended twice in a step adds up
     # each boundary reads the clock twice (phase ended, next may start): every phase spans one read = 1 ms
     assert marker.phase_times_ms() == {"forward": [1.0], "optimizer_step": [2.0], "parameter_sync": [1.0]}
 
@@ -369,10 +371,3 @@ def test_epoch_throughput_leaves_out_a_partial_epoch(script):
     epochs = script.epoch_throughput([100.0, 300.0, 200.0, 200.0, 50.0], steps_per_epoch=2, images_per_step=8)
     assert epochs == {"steps_per_epoch": 2, "count": 2, "images_per_second": [40.0, 40.0], "median": 40.0,
                       "mad": 0.0, "steps_left_out": 1}
-
-
-def test_table_refuses_a_file_that_is_not_a_result(script, tmp_path):
-    path = tmp_path / "empty-config.json"
-    path.write_text(json.dumps({"strategy": "ddp", "status": "ok", "config": {}, "world": {}}))
-    with pytest.raises(script.UsageError, match=r"is not a benchmark result \(KeyError: 'precision'\)"):
-        script.main(["--table", str(path)])
