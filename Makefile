@@ -23,4 +23,4 @@ bench: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" ./tools/main_job.sh
 
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile  # two workers, each test file's tests on one of them

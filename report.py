@@ -1573,11 +1573,13 @@ def files_text(runs, base, limit=3):
 
 
 class Evidence:
-    """The committed runs and launches an answer document draws on, with the document's folder for its links."""
+    """The committed runs, launches and comparisons an answer document draws on, with the document's folder for its
+    links."""
 
-    def __init__(self, runs, document, root=REPOSITORY):
+    def __init__(self, runs, document, root=REPOSITORY, comparisons=()):
         self.runs, self.base = runs, (pathlib.Path(root) / document).parent
         self.launches = launches(runs)
+        self.comparisons = comparisons
 
     def pick(self, **settings):
         return pick(self.runs, **settings)
@@ -1806,9 +1808,58 @@ def lightning_answers(e):
                   "Lightning / native", "files"], rows)
 
 
+def comparison_label(a, b):
+    """What B changes against A: another script (with the options both share), or B's further options."""
+    def script_and_options(command):
+        words = command.split()
+        start = next((i for i, word in enumerate(words) if word.endswith(".py")), 0)
+        return words[start], words[start + 1:]
+    (script_a, options_a), (script_b, options_b) = script_and_options(a or ""), script_and_options(b or "")
+    if script_a != script_b:
+        names = {"lightning/ddp_resnet50.py": "the twin (stock)", "ddp_resnet50.py": "native"}
+        shared = " ".join(options_a) if options_a == options_b else f"{' '.join(options_a)} / {' '.join(options_b)}"
+        return (f"{names.get(script_b, f'`{script_b}`')} / {names.get(script_a, f'`{script_a}`')}"
+                + (f", both `{shared}`" if shared.strip() else ""))
+    extra = [option for option in options_b if option not in options_a]
+    if {"--coordinate-descent-tuning", "--sums-batch-norm", "--cuda-graphs"} <= set(extra):
+        precision = extra[extra.index("--precision") + 1] if "--precision" in extra else "bf16"
+        extra = [f"the fastest mode in {precision}"]  # performance.md's section of that name gives its options
+    else:
+        extra = [f"`{' '.join(extra)}`"]
+    return f"{extra[0]} / " + (f"`{' '.join(options_a)}`" if options_a else "the default")
+
+
+def comparison_result(document):
+    """B / A with its 95 % interval and pairs, or the single pair a run cut short left, saying so."""
+    pairs = document.get("pairs") if isinstance(document.get("pairs"), list) else []
+    interval = document.get("interval_95")
+    if not pairs or not is_number(document.get("ratio")):
+        return f"no complete pair ({document.get('status')})"
+    if isinstance(interval, list) and len(interval) == 2:
+        return (f"{document['ratio']:.3f} (95 % interval {interval[0]:.3f}–{interval[1]:.3f}; "
+                f"{len(pairs)} pairs)")
+    return f"{document['ratio']:.3f} from {len(pairs)} pair, no interval (stopped: {document.get('status')})"
+
+
+def comparisons_answers(e):
+    """Every committed compare.py comparison: B against A, alternated on one machine, with its interval."""
+    rows = []
+    for path, document in sorted(e.comparisons, key=lambda item: str(item[0])):
+        commands = document.get("commands") or {}
+        gpus = sorted({uuid[:8] for side in (document.get("machine") or {}).values() if isinstance(side, dict)
+                       for uuid in side.get("gpu_uuids") or []})
+        rows.append([comparison_label(commands.get("a"), commands.get("b")), comparison_result(document),
+                     ", ".join(gpus) or "—", link(pathlib.Path(path).resolve(), e.base)])
+    if not rows:
+        return "No comparisons committed yet (`python compare.py`)."
+    return table(["B / A", "B / A throughput", "GPU", "file"], rows)
+
+
 def answer_blocks(evidence_of):
     """{name: (document, text)} of every generated block."""
     return {"summary": ("README.md", summary_answers(evidence_of("README.md"))),
+            "summary-comparisons": ("README.md", comparisons_answers(evidence_of("README.md"))),
+            "comparisons": ("docs/performance.md", comparisons_answers(evidence_of("docs/performance.md"))),
             "performance": ("docs/performance.md", performance_answers(evidence_of("docs/performance.md"))),
             "one-gpu": ("docs/performance.md", one_gpu_answers(evidence_of("docs/performance.md"))),
             "sharding": ("docs/sharding.md", sharding_answers(evidence_of("docs/sharding.md"))),
@@ -1825,9 +1876,9 @@ def regenerated(document, text, blocks):
     return ANSWER_BLOCK.sub(replace, text)
 
 
-def answers(runs, check, root=REPOSITORY):
+def answers(runs, check, root=REPOSITORY, comparisons=()):
     """Regenerate (or check) the marked blocks of the answer documents under root; returns the exit code."""
-    blocks = answer_blocks(lambda document: Evidence(runs, document, root))
+    blocks = answer_blocks(lambda document: Evidence(runs, document, root, comparisons))
     found, stale = set(), []
     for document in ANSWER_DOCUMENTS:
         path = pathlib.Path(root) / document
@@ -2094,7 +2145,7 @@ def main(argv=None):
     if args.check_markdown:
         status = check_markdown_file(runs, comparisons, args)
     if args.answers or args.check_answers:
-        status = max(status, answers(runs, check=args.check_answers))
+        status = max(status, answers(runs, check=args.check_answers, comparisons=comparisons))
     if args.markdown:
         write_text(args.markdown, markdown_document(runs, args.markdown, args.paths, comparisons)[0], "--markdown")
         print(f"wrote {args.markdown}")

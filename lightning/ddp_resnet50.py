@@ -243,13 +243,10 @@ def main(argv=None):
     device_count = torch.cuda.device_count() if cuda else 0
     config = resolve_harness_config(args, launch, SCRIPT, STRATEGY, cuda, device_count,
                                     cuda and torch.cuda.is_bf16_supported())
-    matched, several = config.pop("lightning_matched"), launch["world_size"] > 1
     config.update(model="resnet50", optimizer="sgd", optimizer_impl=sgd_implementation(cuda, config["grad_scaler"]),
                   trainer_precision=TRAINER_PRECISION[config["precision"]],
-                  lightning_variant="matched" if matched else "stock",
-                  # what runs: --cuda-graphs needs manual optimization and DDP on a side stream (a captured all-reduce)
-                  lightning_ddp_side_stream=several and cuda and (not matched or config["cuda_graphs"]),
-                  lightning_sigterm_sync=several and not matched, lightning_manual_optimization=config["cuda_graphs"])
+                  **lightning_variant(config.pop("lightning_matched"), launch["world_size"] > 1, cuda,
+                                      config["cuda_graphs"]))
     refusal = output_refusal(config, launch["rank"])
     if refusal and launch["launcher"] in ("single", "lightning"):  # rank 0 starts the others: none has started yet
         raise UsageError(refusal)
@@ -264,6 +261,15 @@ def main(argv=None):
         run.fail(error, run.signum if isinstance(error, SystemExit) else 0)  # Lightning's exit on a second Ctrl-C
     finally:
         shut_down(getattr(module, "whole_step", None))
+
+
+def lightning_variant(matched, several, cuda, cuda_graphs):
+    """What runs, as the result records it: stock Lightning keeps its DDP on a side stream and its per-step SIGTERM
+    broadcast (both only with several processes); matched drops them, but --cuda-graphs needs manual optimization
+    and the side stream (a captured all-reduce must come from a DDP built on one)."""
+    return {"lightning_variant": "matched" if matched else "stock",
+            "lightning_ddp_side_stream": several and cuda and (not matched or cuda_graphs),
+            "lightning_sigterm_sync": several and not matched, "lightning_manual_optimization": cuda_graphs}
 
 
 def plan_launch(args, env):

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import random
+import signal
 import statistics
 import threading
 
@@ -303,3 +304,41 @@ def test_slurm_job_ids_of_federated_clusters(native):
     launch = native.detect_launch(env)
     assert launch["slurm_job_id"] == "4227858433" and launch["launcher"] == "slurm"
     assert 15000 <= launch["master_port"] < 35000
+
+
+def gathered(walls, times, checksums):
+    """Two ranks' records as finish() gathers them, per field."""
+    return {"rank": [0, 1], "timed_wall_s": walls, "step_times_ms": times, "host_lead_ms": [None, None],
+            "losses": [[1.0], [1.0]], "steps_run": [3, 3], "checksums": checksums}
+
+
+def test_throughput_is_taken_over_the_slowest_ranks_wall_time(native):
+    """Every rank's images count once the last rank has finished: the slowest rank's wall time."""
+    per_rank = gathered([1.0, 2.0], [[400.0, 600.0], [900.0, 1100.0]], None)
+    throughput, _, _ = native.throughput_and_stability(per_rank, batch=8)
+    assert throughput["images_per_second"] == pytest.approx(8 * 2 / 2.0)
+    assert throughput["images_per_second_per_device"] == pytest.approx(8 * 2 / 2.0 / 2)
+
+
+def test_replicas_a_millionth_apart_are_out_of_sync(native):
+    """DDP keeps the replicas bit-identical: a relative difference far under a thousandth is already a desync."""
+    reference = torch.tensor([[1000.0, 1e6]], dtype=torch.float64)
+    per_rank = gathered([1.0, 1.0], [[1.0], [1.0]], [reference, reference * (1 + 1e-6)])
+    checks = native.replica_checks(per_rank)
+    assert checks["parameters_synchronized"] is False and checks["parameter_max_abs_diff"] == pytest.approx(1.0)
+    per_rank["checksums"] = [reference, reference.clone()]
+    assert native.replica_checks(per_rank)["parameters_synchronized"] is True
+
+
+def test_a_signal_stops_the_run_after_the_step_it_arrived_in(native, tmp_path):
+    """One rank: the step during which the signal came is the last; no later step index is waited for."""
+    run = bare_run(native, tmp_path, warmup_steps=2, steps=50)
+    run.device, run.events, run.marks, run.losses = torch.device("cpu"), [], [], []
+    run.pending, run.signum, run.record, run.started = None, 0, {"rank": 0, "signal": 0}, None
+    for index in range(52):
+        if index == 13:
+            run.signum = signal.SIGTERM
+        run.before_step(index)
+        if run.after_step(index, torch.tensor(1.0)):
+            break
+    assert index == 13 and run.record["signal"] == signal.SIGTERM

@@ -71,14 +71,17 @@ def test_native_and_both_variants_train_identically(lightning_two_rank, lightnin
             native["checks"]["final_parameter_checksum"], rel=1e-6)
 
 
-def test_one_process_smoke_run(tmp_path):
-    """One process: no DDP wrapper, Lightning's bf16-mixed precision."""
+def test_one_process_smoke_run_of_the_script_copied_alone(tmp_path):
+    """One process: no DDP wrapper, Lightning's 32-true precision (TF32 on GPUs, as native); the twin copied alone
+    into an empty folder needs nothing from the repository."""
+    import shutil
     output = tmp_path / "one.json"
-    proc = run_script(LIGHTNING, [*SMALL, "--precision", "bf16", "--output", str(output)])
+    shutil.copy(LIGHTNING, tmp_path / "ddp_resnet50.py")
+    proc = run_script(tmp_path / "ddp_resnet50.py", [*SMALL, "--output", str(output)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = read_result(output)
     assert (result["world"]["launcher"], result["world"]["world_size"], result["status"]) == ("single", 1, "ok")
-    assert (result["config"]["trainer_precision"], result["config"]["lightning_sigterm_sync"]) == ("bf16-mixed", False)
+    assert (result["config"]["trainer_precision"], result["config"]["lightning_sigterm_sync"]) == ("32-true", False)
 
 
 def test_a_rank_with_another_learning_rate_is_a_desync(tmp_path):
@@ -266,3 +269,31 @@ def test_the_private_lightning_names_the_twin_touches_still_exist(twin):
         named = hasattr(owner, name) or re.search(rf"self\.{name}\b", inspect.getsource(owner.__init__))
         assert named, (f"{module}.{cls}.{name} is gone in Lightning {lightning.__version__} (torch "
                        f"{twin.torch.__version__}): lightning/ddp_resnet50.py's private section needs a new way")
+
+
+def test_stock_lightning_keeps_its_sigterm_broadcast_and_says_so(twin, monkeypatch):
+    """The stock variant measures Lightning's per-step SIGTERM broadcast: the result says so, and on_train_start
+    leaves the broadcast alone; only --lightning-matched turns it off."""
+    import signal
+    import types
+    assert twin.lightning_variant(False, True, True, False) == {
+        "lightning_variant": "stock", "lightning_ddp_side_stream": True, "lightning_sigterm_sync": True,
+        "lightning_manual_optimization": False}
+    assert twin.lightning_variant(True, True, True, False)["lightning_sigterm_sync"] is False
+    assert twin.lightning_variant(False, False, True, False)["lightning_sigterm_sync"] is False  # one process
+    turned_off = []
+    monkeypatch.setattr(twin, "turn_off_the_sigterm_broadcast", turned_off.append)
+    saved = {signum: signal.getsignal(signum) for signum in twin.STOP_SIGNALS}
+    try:
+        for sync in (True, False):
+            run = types.SimpleNamespace(handle=signal.default_int_handler, synthetic_batch=lambda: (None, None))
+            module = types.SimpleNamespace(
+                config={"lightning_sigterm_sync": sync, "comm_hook": "none", "cuda_graphs": False,
+                        "broadcast_buffers": True}, run=run, trainer=types.SimpleNamespace(
+                    strategy=types.SimpleNamespace(model=None)), device=twin.torch.device("cpu"),
+                automatic_optimization=True)
+            twin.ResNet50Benchmark.on_train_start(module)
+            assert len(turned_off) == (0 if sync else 1), sync
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)

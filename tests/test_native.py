@@ -69,11 +69,15 @@ def test_two_rank_result_field_by_field(native_two_rank):
     assert "measuring step 4/4" in proc.stdout and "| ddp | 2 | 4 |" in proc.stdout
 
 
-def test_strong_scaling_splits_the_global_batch(tmp_path):
+def test_strong_scaling_splits_the_global_batch_in_a_copy_of_the_script_alone(tmp_path):
+    """The script copied alone into an empty folder (as onto a cluster) needs nothing from the repository."""
+    import shutil
     output = tmp_path / "strong.json"
+    shutil.copy(NATIVE, tmp_path / NATIVE.name)
     index = SMALL.index("--batch-size-per-device")
     args = SMALL[:index] + SMALL[index + 2:]
-    proc = run_script(NATIVE, [*args, "--global-batch-size", "6", "--output", str(output)], nproc=2)
+    proc = run_script(tmp_path / NATIVE.name, [*args, "--global-batch-size", "6", "--output", str(output)], nproc=2,
+                      cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     config = read_result(output)["config"]
     assert (config["batch_mode"], config["batch_size_per_device"], config["global_batch_size"]) == ("global", 3, 6)
@@ -86,7 +90,7 @@ def test_single_process_plain_python_without_output_writes_under_runs(tmp_path):
         return subprocess.run(["git", "status", "--porcelain", "--", "results"], capture_output=True, text=True,
                               cwd=ROOT).stdout
     before = status()
-    proc = run_script(NATIVE, [*SMALL, "--precision", "bf16"], env=clean_env(), cwd=ROOT)
+    proc = run_script(NATIVE, SMALL, env=clean_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     written = pathlib.Path(proc.stdout.split("result: ok -> ")[1].split()[0])
     try:
@@ -94,7 +98,7 @@ def test_single_process_plain_python_without_output_writes_under_runs(tmp_path):
         assert oct(written.stat().st_mode & 0o777) == oct(0o666 & ~UMASK)
         result = read_result(written)
         assert result["world"]["launcher"] == "single" and result["world"]["world_size"] == 1
-        assert result["config"]["precision"] == "bf16" and result["status"] == "ok"
+        assert result["config"]["precision"] == "fp32" and result["status"] == "ok"
     finally:
         written.unlink()
 

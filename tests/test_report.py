@@ -177,7 +177,9 @@ def test_committed_results_and_both_versions_follow_the_schema():
     files = sorted((ROOT / "results").rglob("*.json"))
     assert len(files) > 400
     for path in files:
-        assert report.document_problem(json.loads(path.read_text())) is None, path
+        document = json.loads(path.read_text())
+        if not report.is_comparison(document):  # compare.py's files: schema/compare.schema.json (test_compare.py)
+            assert report.document_problem(document) is None, path
     new = json.loads(HARNESS_RESULT.read_text())
     validator = report.result_validator()
     assert validator.is_valid(new) and validator.is_valid(version_2(new, "launch-1"))
@@ -850,7 +852,8 @@ def test_a_current_harness_run_finds_its_committed_reference(tmp_path, native):
     GPU work; the figures of a committed run) is checked against the committed results of that configuration:
     --timeout, the DDP options now always recorded and a null cuDNN limit do not make it another configuration."""
     args = native.parse_arguments(["--output", str(tmp_path / "run.json")])
-    config = native.resolve_harness_config(args, native.detect_launch({}), native.STRATEGY, True, 1, True)
+    config = native.resolve_harness_config(args, native.detect_launch({}), native.SCRIPT, native.STRATEGY, True, 1,
+                                          True)
     config.update(model="resnet50", optimizer="sgd", optimizer_impl="fused")  # as main() does on a GPU, not in fp16
     assert config["timeout"] == 300 and config["cudnn_benchmark_limit"] is None and config["broadcast_buffers"]
     campaign = ROOT / "results" / "nvidia-h200-x2-2026-11-30e"
@@ -947,30 +950,31 @@ def answer_copy(tmp_path, committed):
     for document in report.ANSWER_DOCUMENTS:
         (tmp_path / document).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / document).write_text((ROOT / document).read_text())
-    return [{**run, "path": tmp_path / run["path"].relative_to(ROOT)} for run in committed[0]]
+    return ([{**run, "path": tmp_path / run["path"].relative_to(ROOT)} for run in committed[0]],
+            [(tmp_path / path.relative_to(ROOT), document) for path, document in committed[1]])
 
 
 def test_generated_answers_agree_with_the_committed_results(committed, capsys):
     """A headline figure of README.md, docs/performance.md, docs/sharding.md or lightning/README.md edited by hand
     fails this test: the blocks between their answers markers are what --answers writes from results/."""
-    assert report.answers(committed[0], check=True) == 0, "stale answers: run python report.py --answers"
+    assert report.answers(committed[0], check=True, comparisons=committed[1]) == 0, "stale: python report.py --answers"
     assert "agree with the results" in capsys.readouterr().out
 
 
 def test_an_answer_edited_by_hand_is_stale_and_regenerated(tmp_path, committed, capsys):
-    runs = answer_copy(tmp_path, committed)
+    runs, comparisons = answer_copy(tmp_path, committed)
     readme = tmp_path / "README.md"
     original = readme.read_text()
-    assert "| DDP speed | 1 GPU, eager (the default) | 4,698–4,751 img/s (27 runs on 14 machines) |" in original
-    readme.write_text(original.replace("4,698–4,751 img/s (27 runs", "4,751 img/s (27 runs"))
-    assert report.answers(runs, check=True, root=tmp_path) == 1
+    assert "| DDP speed | 1 GPU, eager (the default) | 4,698–4,751 img/s (43 runs on 15 machines) |" in original
+    readme.write_text(original.replace("4,698–4,751 img/s (43 runs", "4,751 img/s (43 runs"))
+    assert report.answers(runs, check=True, root=tmp_path, comparisons=comparisons) == 1
     assert capsys.readouterr().err == ("stale generated answers in README.md: run python report.py --answers\n")
-    assert report.answers(runs, check=False, root=tmp_path) == 0
+    assert report.answers(runs, check=False, root=tmp_path, comparisons=comparisons) == 0
     assert readme.read_text() == original  # regenerated; the prose outside the markers untouched
     readme.write_text(original.replace("<!-- answers:summary -->", "<!-- answers:summery -->").replace(
         "<!-- /answers:summary -->", "<!-- /answers:summery -->"))
     with pytest.raises(report.UsageError, match="README.md: no generated answers named 'summery'"):
-        report.answers(runs, check=True, root=tmp_path)
+        report.answers(runs, check=True, root=tmp_path, comparisons=comparisons)
 
 
 def test_answers_follow_the_pairing_rules(committed):

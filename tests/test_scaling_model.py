@@ -216,7 +216,7 @@ def test_the_model_predicts_a_two_process_cpu_run_from_one_process_runs_and_a_gl
     the machine held still, and the error must stay within 15 points: on such a machine here the measured
     efficiency was 66-73 % and the error +0.6, +1.9 and +4.4 points (the model takes gloo's threads as stealing
     all their time from the computation on the shared cores, the rest of the spread is the host's). Otherwise the
-    test says so and skips the figure; the committed GPU runs check the model's figures to a fraction of a point."""
+    bound is loose (40 points); the committed GPU runs check the model's figures to a fraction of a point."""
     runs = tmp_path / "runs"
     runs.mkdir()
     before = one_process_pair(runs, ["one-a.json", "one-b.json"])
@@ -242,9 +242,8 @@ def test_the_model_predicts_a_two_process_cpu_run_from_one_process_runs_and_a_gl
               f"predicted {run['predicted']:.1f} %"
     # whatever the machine does, the model's own figure stays plausible (62-92 % in every repetition here)
     assert 30 <= run["predicted"] <= 100, figures
-    if spread > 0.2:
-        pytest.skip(f"the machine did not hold still ({figures})")
-    assert abs(run["error"]) <= 15, figures
+    # a machine that did not hold still (the one-process rates 20 % apart) gets a loose bound, not a pass
+    assert abs(run["error"]) <= (15 if spread <= 0.2 else 40), figures
 
 
 # -------------------------------------------------------------------------------------------------- bad input

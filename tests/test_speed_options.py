@@ -64,29 +64,6 @@ def test_ddp_is_built_with_the_options(native, tmp_path, monkeypatch):
         10.0, False, True, False)
 
 
-def test_a_comm_hook_reaches_ddp_and_the_twins_train_alike_with_it(tmp_path, native_two_rank):
-    # Both twins with PyTorch's fp16 compression of the all-reduce (gloo takes fp16 and bf16): the same loss at
-    # every step and the same weights, as without a hook; the option is recorded. The rounded gradients change
-    # the training (on 4 images a step the losses part from step 2 on), so a twin that ran without the hook
-    # would not match the other.
-    results = {}
-    for script, extra in ((NATIVE, []), (LIGHTNING, ["--devices", "2"])):
-        output = tmp_path / f"{script.parent.name}-hook.json"
-        proc = run_script(script, [*SMALL, "--comm-hook", "fp16_compress", "--output", str(output), *extra],
-                          nproc=1 if extra else 2)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        results[script] = read_result(output)
-        assert results[script]["config"]["comm_hook"] == "fp16_compress"
-        assert results[script]["checks"]["parameters_synchronized"] is True
-    native, lightning = results[NATIVE], results[LIGHTNING]
-    _, without_hook = native_two_rank  # the same command without --comm-hook
-    assert native["loss_per_step"][0] == without_hook["loss_per_step"][0]  # before any update
-    assert native["loss_per_step"] != pytest.approx(without_hook["loss_per_step"], rel=1e-3)
-    assert lightning["loss_per_step"] == pytest.approx(native["loss_per_step"], rel=1e-5, abs=1e-6)
-    assert lightning["checks"]["final_parameter_checksum"] == pytest.approx(
-        native["checks"]["final_parameter_checksum"], rel=1e-6)
-
-
 def test_coordinate_descent_tuning_reaches_inductor_and_what_runs_is_recorded(native, tmp_path):
     import torch._inductor.config as inductor_config
     out = ["--output", str(tmp_path / "r.json")]
@@ -196,27 +173,31 @@ def test_the_computation_options_compute_the_same_model(native, extras, size, la
             assert torch.allclose(buffer, model.get_buffer(name), rtol=1e-9, atol=1e-12), (config, name)
 
 
-def test_the_computation_options_reach_both_twins_which_train_alike(tmp_path, native_two_rank):
-    """Both twins with the three computation options (eager, 2 gloo processes): recorded, parameters in sync, the
-    same loss at every step and the same weights as each other; before any update the loss is torchvision's
+def test_a_comm_hook_and_the_computation_options_reach_both_twins_which_train_alike(tmp_path, native_two_rank):
+    """Both twins (eager, 2 gloo processes) with PyTorch's fp16 compression of the all-reduce (gloo takes fp16) and
+    the three computation options: recorded, parameters in sync, the same loss at every step and the same weights
+    as each other. The rounded gradients change the training (on 4 images a step the losses part from step 2 on),
+    so a twin that ran without the hook would not match the other; before any update the loss is torchvision's
     model's (to float32 rounding: the convolution sums its 147 products in another order, batch norm its
     statistics)."""
-    fast = ["--space-to-depth-stem", "--dense-max-pool-backward", "--sums-batch-norm"]
+    options = ["--comm-hook", "fp16_compress", "--space-to-depth-stem", "--dense-max-pool-backward",
+               "--sums-batch-norm"]
     results = {}
     for script, extra in ((NATIVE, []), (LIGHTNING, ["--devices", "2"])):
-        output = tmp_path / f"{script.parent.name}-stem.json"
-        proc = run_script(script, [*SMALL, *fast, "--output", str(output), *extra], nproc=1 if extra else 2)
+        output = tmp_path / f"{script.parent.name}-options.json"
+        proc = run_script(script, [*SMALL, *options, "--output", str(output), *extra], nproc=1 if extra else 2)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         results[script] = result = read_result(output)
-        assert (result["config"]["stem_conv"], result["config"]["max_pool_backward"],
-                result["config"]["batch_norm"]) == ("space_to_depth", "dense", "sums")
+        assert (result["config"]["comm_hook"], result["config"]["stem_conv"], result["config"]["max_pool_backward"],
+                result["config"]["batch_norm"]) == ("fp16_compress", "space_to_depth", "dense", "sums")
         assert result["checks"]["parameters_synchronized"] is True
     native, lightning = results[NATIVE], results[LIGHTNING]
     assert lightning["loss_per_step"] == pytest.approx(native["loss_per_step"], rel=1e-5, abs=1e-6)
     assert lightning["checks"]["final_parameter_checksum"] == pytest.approx(
         native["checks"]["final_parameter_checksum"], rel=1e-6)
-    _, torchvision_stem = native_two_rank  # the same command without the options
-    assert (torchvision_stem["config"]["stem_conv"], torchvision_stem["config"]["batch_norm"]) == \
-        ("torchvision", "torchvision")
-    assert native["loss_per_step"][0] == pytest.approx(torchvision_stem["loss_per_step"][0], rel=1e-4)
-    assert native["efficiency"]["model_flops_per_image"] == torchvision_stem["efficiency"]["model_flops_per_image"]
+    _, plain = native_two_rank  # the same command without the options
+    assert (plain["config"]["comm_hook"], plain["config"]["stem_conv"], plain["config"]["batch_norm"]) == \
+        ("none", "torchvision", "torchvision")
+    assert native["loss_per_step"][0] == pytest.approx(plain["loss_per_step"][0], rel=1e-4)
+    assert native["loss_per_step"] != pytest.approx(plain["loss_per_step"], rel=1e-3)
+    assert native["efficiency"]["model_flops_per_image"] == plain["efficiency"]["model_flops_per_image"]
