@@ -14,6 +14,7 @@ the script, or one folder up) and add its options to their command line when the
 import argparse
 import math
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,10 @@ def add_arguments(parser):
     ddp.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
                      help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward")
     ddp.add_argument("--static-graph", action="store_true", help="tell DDP that the graph never changes")
+    ddp.add_argument("--collective-probe", action="store_true",
+                     help="after the timed steps, time all-reduce, broadcast, all-gather and reduce-scatter over a "
+                          "sweep of sizes and record their fitted latency and bus bandwidth in the result "
+                          "(collective_probe.py beside the script; scaling_model.py reads them)")
     ddp.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction,
                      help="cuDNN times its convolution algorithms in each process and keeps the fastest (default on "
                           "GPU); without it cuDNN's heuristics choose, the same in every process")
@@ -74,6 +79,8 @@ def resolve_options(args, config, world_size, UsageError):
     cuda, fp16 = config["device"] == "cuda", config["precision"] == "fp16"
     if not 0 < config["bucket_cap_mb"] <= 1e6:
         raise UsageError("--bucket-cap-mb must be above 0 and at most 1e6")
+    if config.get("collective_probe") and world_size < 2:
+        raise UsageError("--collective-probe needs several ranks: it times the collectives between them")
     if args.cudnn_benchmark and not cuda:
         raise UsageError("--cudnn-benchmark needs --device cuda: it times cuDNN's GPU convolution algorithms")
     config["cudnn_benchmark"] = cuda and args.cudnn_benchmark is not False
@@ -110,6 +117,15 @@ def resolve_options(args, config, world_size, UsageError):
         # what runs: the option, TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, or a max-autotune mode (which sets it)
         config["coordinate_descent_tuning"] = bool(inductor_config.coordinate_descent_tuning) or mode.startswith(
             "max-autotune")
+
+
+def probe_collectives(run):
+    """collective_probe.py's sweep over the run's process group, every rank taking part; rank 0's result keeps it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.append(here)
+    import collective_probe
+    return collective_probe.probe_collectives(device=run.device)
 
 
 def comm_hook(config):

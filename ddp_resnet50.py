@@ -133,7 +133,10 @@ def main(argv=None):
         run.join_ranks(refusal)
         step, model = build_step(run)
         measure(run, step)
-        return run.finish(run.collect_record(model.parameters()))
+        record = run.collect_record(model.parameters())
+        if config["collective_probe"] and not record["signal"]:  # every rank, after its timed steps
+            run.result["collective_probe"] = import_extras().probe_collectives(run)
+        return run.finish(record)
     except UsageError:
         raise
     except BaseException as error:  # noqa: BLE001 - every failure ends in a result, not a traceback
@@ -166,7 +169,8 @@ TUNING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCHINDUCTOR_", "TORCH_CUDNN_", "TO
 # What benchmark_extras.py's options record when none is given (tests/test_harness_units.py ties the two).
 EXTRA_DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
                   "static_graph": False, "coordinate_descent_tuning": False, "comm_hook": "none", "cuda_graphs": False,
-                  "stem_conv": "torchvision", "max_pool_backward": "torchvision", "batch_norm": "torchvision"}
+                  "stem_conv": "torchvision", "max_pool_backward": "torchvision", "batch_norm": "torchvision",
+                  "collective_probe": False}
 RESULT_FIGURES = ("throughput", "stability", "step_time_ms", "step_times_ms_per_rank", "loss_per_step", "memory",
                   "checks", "efficiency", "failure", "hardware", "host_lead_ms", "host_lead_ms_per_rank", "wall_time_s")
 

@@ -659,6 +659,8 @@ def resolve_strategies(args, explicit, fp16):
     for broken, rule in (
             (args.compile, "--compile is not offered here: the strategies' own hooks are measured eagerly "
                            "(ddp_resnet50.py --compile measures compiled DDP)"),
+            (getattr(args, "collective_probe", False), "--collective-probe is ddp_resnet50.py's and the twin's: "
+                                                       "this script counts each strategy's collectives itself"),
             (problem, f"--strategy {','.join(fairscale)} needs fairscale, which cannot be imported ({problem}): "
                       f"pip install '.[fairscale]' (fairscale==0.4.13)"),
             ("zero1_overlap" in strategies and fp16, "zero1_overlap cannot use fp16: its optimizer step runs inside "
@@ -748,7 +750,8 @@ TUNING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCHINDUCTOR_", "TORCH_CUDNN_", "TO
 # What benchmark_extras.py's options record when none is given (tests/test_harness_units.py ties the two).
 EXTRA_DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
                   "static_graph": False, "coordinate_descent_tuning": False, "comm_hook": "none", "cuda_graphs": False,
-                  "stem_conv": "torchvision", "max_pool_backward": "torchvision", "batch_norm": "torchvision"}
+                  "stem_conv": "torchvision", "max_pool_backward": "torchvision", "batch_norm": "torchvision",
+                  "collective_probe": False}
 RESULT_FIGURES = ("throughput", "stability", "step_time_ms", "step_times_ms_per_rank", "loss_per_step", "memory",
                   "checks", "efficiency", "failure", "hardware", "host_lead_ms", "host_lead_ms_per_rank", "wall_time_s")
 

@@ -2100,8 +2100,12 @@ def parse_arguments(argv=None):
                                                                "results/)")
     parser.add_argument("--check-answers", action="store_true", help="exit 1 when one of those tables differs from "
                                                                      "what --answers would write")
+    parser.add_argument("--validation", metavar="V.json", help="with --plots: also plot predicted against measured "
+                        "efficiency from scaling_model.py --validate's JSON (scaling-predicted-vs-measured.png)")
     args = parser.parse_args(argv)
     answering = args.answers or args.check_answers
+    if args.validation and not args.plots:
+        raise UsageError("--validation needs --plots: it is a plot")
     if answering and (args.markdown or args.sharding or args.plots or args.check_against):
         raise UsageError("--answers and --check-answers combine only with --check-markdown")
     if answering and not args.paths:
@@ -2114,6 +2118,23 @@ def parse_arguments(argv=None):
         raise UsageError("--sharding prints to stdout: drop --markdown and --check-markdown")
     args.tolerance = parse_tolerance("5%" if args.tolerance is None else args.tolerance)
     return args
+
+
+def plot_scaling_validation(validation_path, directory):
+    """scaling_model.py's own plot of its --validate JSON: predicted against measured efficiency of every run."""
+    import importlib.util
+    try:
+        validation = json.loads(pathlib.Path(validation_path).read_text())
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--validation {validation_path}: not a readable JSON file ({error})") from None
+    if not isinstance(validation, dict) or not isinstance(validation.get("runs"), list):
+        raise UsageError(f"--validation {validation_path}: not scaling_model.py --validate's JSON (no runs)")
+    spec = importlib.util.spec_from_file_location("scaling_model", REPOSITORY / "scaling_model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    path = pathlib.Path(directory) / "scaling-predicted-vs-measured.png"
+    model.plot_predicted_against_measured(validation, path)
+    return path
 
 
 def check_markdown_file(runs, comparisons, args):
@@ -2155,6 +2176,8 @@ def main(argv=None):
         print(render_markdown(runs, pathlib.Path.cwd(), heading="##", comparisons=comparisons), end="")
     if args.plots:
         written, notes = write_plots(runs, args.plots)
+        if args.validation:
+            written.append(plot_scaling_validation(args.validation, args.plots))
         for note in notes:
             print(f"report.py: note: {note}", file=sys.stderr)
         for path in written:

@@ -201,7 +201,10 @@ class ResNet50Benchmark(L.LightningModule):
             self.trainer.should_stop = True
 
     def on_train_end(self):
-        self.exit_code = self.run.finish(self.run.collect_record(self.model.parameters()))
+        record = self.run.collect_record(self.model.parameters())
+        if self.config["collective_probe"] and not record["signal"]:  # every rank, after its timed steps
+            self.run.result["collective_probe"] = import_extras().probe_collectives(self.run)
+        self.exit_code = self.run.finish(record)
 
 
 def build_step(run, refusal):
@@ -396,7 +399,8 @@ TUNING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCHINDUCTOR_", "TORCH_CUDNN_", "TO
 # What benchmark_extras.py's options record when none is given (tests/test_harness_units.py ties the two).
 EXTRA_DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
                   "static_graph": False, "coordinate_descent_tuning": False, "comm_hook": "none", "cuda_graphs": False,
-                  "stem_conv": "torchvision", "max_pool_backward": "torchvision", "batch_norm": "torchvision"}
+                  "stem_conv": "torchvision", "max_pool_backward": "torchvision", "batch_norm": "torchvision",
+                  "collective_probe": False}
 RESULT_FIGURES = ("throughput", "stability", "step_time_ms", "step_times_ms_per_rank", "loss_per_step", "memory",
                   "checks", "efficiency", "failure", "hardware", "host_lead_ms", "host_lead_ms_per_rank", "wall_time_s")
 

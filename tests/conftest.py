@@ -112,9 +112,10 @@ def native():
 
 @pytest.fixture(scope="session")
 def native_two_rank(tmp_path_factory):
-    """One 2-process torchrun run of the native script, shared by the tests that read its result."""
+    """One 2-process torchrun run of the native script, shared by the tests that read its result; the collectives
+    probed after its timed steps (which they do not change)."""
     output = tmp_path_factory.mktemp("native") / "result.json"
-    proc = run_script(NATIVE, [*SMALL, "--output", str(output)], nproc=2)
+    proc = run_script(NATIVE, [*SMALL, "--collective-probe", "--output", str(output)], nproc=2)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc, read_result(output)
 

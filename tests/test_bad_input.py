@@ -56,6 +56,7 @@ CASES = {
     "CUDA graphs inside a compile mode that captures": (["--device", "cuda", "--cuda-graphs", "--compile-mode",
                                                          "reduce-overhead"], {}, FAKE_GPU, "captures CUDA graphs"),
     "coordinate-descent tuning without compiling": (["--coordinate-descent-tuning"], {}, None, "needs --compile"),
+    "a collective probe of one rank": (["--collective-probe"], {}, None, "--collective-probe needs several ranks"),
     "a compressing hook inside a CUDA graph": (["--device", "cuda", "--cuda-graphs", "--comm-hook", "bf16_compress"],
                                               {}, FAKE_GPU, "--comm-hook does not combine with --cuda-graphs"),
 }

@@ -132,10 +132,8 @@ def test_interleave_alternates_native_and_lightning_blocks_on_two_processes(tmp_
     assert result["summary"]["ratios"] == pytest.approx([rates[1] / ((rates[0] + rates[2]) / 2),
                                                          rates[3] / ((rates[2] + rates[4]) / 2)])
     assert load_script(POOL, "interleave_pool").main([str(output)]) == 0
-    for argv, rule in ((["--cuda-graphs"], "--cuda-graphs is not interleaved"),
-                       (["--output-json", "/proc/none/x.json"], "cannot be written")):
-        proc = run_script(INTERLEAVE, ["--device", "cpu", "--output-json", str(tmp_path / "x.json"), *argv])
-        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and rule in proc.stderr, proc.stderr
+    proc = run_script(INTERLEAVE, ["--device", "cpu", "--output-json", "/proc/none/x.json", "--cuda-graphs"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--cuda-graphs is not interleaved" in proc.stderr
 
 
 @pytest.mark.parametrize("text", ["not json", "{}", '{"summary": {"ratios": [], "median_ratio": 1}}'])

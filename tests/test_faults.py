@@ -33,9 +33,8 @@ def script_args(script):
 
 
 @pytest.mark.parametrize("script,signum", [(NATIVE, signal.SIGTERM), (NATIVE, signal.SIGINT),
-                                           (NATIVE, signal.SIGUSR1), (LIGHTNING, signal.SIGHUP),
-                                           (LIGHTNING, signal.SIGTERM), (OSS, signal.SIGTERM)],
-                         ids=["native-TERM", "native-INT", "native-USR1", "lightning-HUP", "lightning-TERM", "oss-TERM"])
+                                           (NATIVE, signal.SIGUSR1), (LIGHTNING, signal.SIGHUP), (OSS, signal.SIGTERM)],
+                         ids=["native-TERM", "native-INT", "native-USR1", "lightning-HUP", "oss-TERM"])
 def test_signal_stops_after_the_current_step_with_the_steps_so_far(tmp_path, script, signum):
     output = tmp_path / "interrupted.json"
     procs = launch_by_hand(script, [*LONG, *script_args(script), "--output", str(output)])

@@ -58,6 +58,11 @@ def test_two_rank_result_field_by_field(native_two_rank):
     assert len(result["loss_per_step"]) == 6 and all(math.isfinite(v) for v in result["loss_per_step"])
     assert result["memory"]["peak_allocated_mib"] is None  # no CUDA memory counters on the CPU
     assert [r["rank"] for r in result["memory"]["per_rank"]] == [0, 1]
+    # --collective-probe: the collectives timed between the ranks after the timed steps, latency and bandwidth fitted
+    probe = result["collective_probe"]
+    assert (probe["backend"], probe["world_size"], result["config"]["collective_probe"]) == ("gloo", 2, True)
+    assert all(probe["collectives"][name]["fit"]["latency_us"] >= 0 for name in
+               ("all_reduce", "broadcast", "all_gather", "reduce_scatter"))
     assert result["efficiency"]["model_flops_per_image"] > 0 and result["efficiency"]["mfu"] is None
     assert result["software"]["torch"] and result["software"]["torchvision"]
     assert result["hardware"]["device_count"] == 2 and len(result["hardware"]["ranks"]) == 2

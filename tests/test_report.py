@@ -751,6 +751,11 @@ def test_plots_are_written_as_png_and_the_table_still_printed(tmp_path):
     for path in plots.glob("*.png"):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
         assert f"wrote {path}" in proc.stdout
+    validation = write(tmp_path / "v.json", {"max_abs_error_pp": 0.5, "runs": [
+        {"measured": 98.0, "predicted": 98.4, "covered": True}, {"measured": 90.0, "predicted": 97.0, "covered": False}]})
+    proc = run_report(inputs, "--plots", tmp_path / "model", "--validation", validation)  # scaling_model.py's plot
+    assert proc.returncode == 0 and (tmp_path / "model" / "scaling-predicted-vs-measured.png").read_bytes()[:4] == \
+        b"\x89PNG", proc.stderr
     proc = run_report(FIXTURES, "--plots", tmp_path / "cpu")  # CPU results: no memory plot, and it says so
     assert sorted(path.name.split("-")[0] for path in (tmp_path / "cpu").glob("*.png")) == ["scaling", "step_times"]
     assert "no memory plot" in proc.stderr and "no GPU memory counters" in proc.stderr
