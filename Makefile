@@ -22,5 +22,6 @@ $(BIN)/.installed: pyproject.toml
 bench: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" ./tools/main_job.sh
 
+# the suite on two workers, each test file on one of them (its module fixtures once)
 test: venv
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile  # two workers, each test file's tests on one of them
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile

@@ -136,8 +136,8 @@ NOT_OPTIONS = {"benchmark", "strategy", "device", "backend", "model", "image_siz
                "precision", "grad_scaler", "tf32", "memory_format_requested", "memory_format", "compile",
                "compile_mode", "optimizer", "lr", "seed", "timeout_s", "timeout", "output", "overwrite",
                "inject_fault", "inject_fault_rank", "inject_fault_step",
-               # how the timed steps are summarised, not how they run
-               "steps_per_epoch",
+               # how the timed steps are summarised, or what runs after them (the collective probe), not how they run
+               "steps_per_epoch", "collective_probe",
                # CPU runs: the cores shared out over the ranks, so it follows the world size.
                "cpu_threads_per_rank",
                # Lightning: its devices per node and nodes (the world), its precision name, its version.

@@ -95,8 +95,8 @@ def paired_summary(ratios):
 
 
 def test_real_script_rounds_in_abba_order(tmp_path):
-    a = shlex.join([sys.executable, str(NATIVE), *SMALL])
-    b = shlex.join([sys.executable, str(NATIVE), *SMALL, "--steps", "6"])
+    a = shlex.join([sys.executable, str(NATIVE), *SMALL, "--warmup-steps", "1", "--steps", "2"])
+    b = shlex.join([sys.executable, str(NATIVE), *SMALL, "--warmup-steps", "1", "--steps", "3"])
     proc = run_compare(tmp_path, a, b, "--rounds", 2)
     assert proc.returncode == 0, proc.stderr
     comparison = read_comparison(tmp_path / "cmp.json")
@@ -105,8 +105,8 @@ def test_real_script_rounds_in_abba_order(tmp_path):
     rounds = comparison["rounds"]
     assert [(r["order"], r["pair"], r["side"]) for r in rounds] == [(1, 1, "a"), (2, 1, "b"), (3, 2, "b"), (4, 2, "a")]
     results = [read_result(tmp_path / r["result"]) for r in rounds]
-    # each round ran its own side's command (B times 6 steps), one after another in that order
-    assert [result["config"]["steps"] for result in results] == [4, 6, 6, 4]
+    # each round ran its own side's command (B times 3 steps), one after another in that order
+    assert [result["config"]["steps"] for result in results] == [2, 3, 3, 2]
     assert [r["result"] for r in rounds] == ["cmp.rounds/a-1.json", "cmp.rounds/b-1.json", "cmp.rounds/b-2.json",
                                              "cmp.rounds/a-2.json"]
     starts = [result["started_at"] for result in results]

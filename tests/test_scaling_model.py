@@ -208,11 +208,11 @@ def one_process_pair(folder, names):
 
 
 def test_the_model_predicts_a_two_process_cpu_run_from_one_process_runs_and_a_gloo_probe(tmp_path):
-    """One-process pairs before and after the two-process run and its probe, then --validate: the pipeline a GPU
-    run will follow once its result holds its probe, on gloo.
+    """A one-process pair, then the two-process run and its probe, then --validate: the pipeline a GPU run will
+    follow once its result holds its probe, on gloo.
 
     Whether the figure can be checked depends on the machine: on a shared two-core host identical one-process runs
-    a minute apart measured anywhere from 4.4 to 14 img/s here. When the four one-process rates agree within 20 %
+    a minute apart measured anywhere from 4.4 to 14 img/s here. When the two one-process rates agree within 20 %
     the machine held still, and the error must stay within 15 points: on such a machine here the measured
     efficiency was 66-73 % and the error +0.6, +1.9 and +4.4 points (the model takes gloo's threads as stealing
     all their time from the computation on the shared cores, the rest of the spread is the host's). Otherwise only
@@ -226,7 +226,6 @@ def test_the_model_predicts_a_two_process_cpu_run_from_one_process_runs_and_a_gl
     proc = run_script(PROBE, ["--device", "cpu", "--sizes", "64K:4M", "--repeats", "3", "--warmup", "1", "--output",
                               str(tmp_path / "probe.json")], nproc=2)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    after = one_process_pair(runs, ["one-c.json", "one-d.json"])
     two = json.loads((runs / "two.json").read_text())
     two["collective_probe"] = json.loads((tmp_path / "probe.json").read_text())  # as a run holding its probe
     (runs / "two.json").write_text(json.dumps(two))
@@ -235,9 +234,9 @@ def test_the_model_predicts_a_two_process_cpu_run_from_one_process_runs_and_a_gl
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     (run,) = json.loads(output.read_text())["runs"]
-    assert len(run["one_gpu_runs"]) == 4 and run["covered"] and run["like_for_like"]
+    assert len(run["one_gpu_runs"]) == 2 and run["covered"] and run["like_for_like"]
     assert run["terms_ms"]["all-reduce"] > 0 and run["terms_ms"]["SM sharing"] > 0
-    rates = before + after
+    rates = before
     spread = (max(rates) - min(rates)) / statistics.fmean(rates)
     figures = f"one-process img/s {[round(r, 2) for r in rates]}, measured {run['measured']:.1f} %, " \
               f"predicted {run['predicted']:.1f} %"
