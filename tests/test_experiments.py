@@ -122,7 +122,7 @@ def test_interleave_alternates_native_and_lightning_blocks_on_two_processes(tmp_
     the native blocks around it, in a file pool.py reads; --cuda-graphs and an unwritable file refused at once."""
     output = tmp_path / "run.json"
     proc = run_script(INTERLEAVE, ["--device", "cpu", "--image-size", "32", "--batch-size-per-device", "4",
-                                   "--warmup-steps", "2", "--block-steps", "2", "--blocks", "2", "--devices", "2",
+                                   "--warmup-steps", "1", "--block-steps", "2", "--blocks", "2", "--devices", "2",
                                    "--output-json", str(output)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(output.read_text())
