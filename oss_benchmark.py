@@ -60,6 +60,11 @@ import threading
 import time
 import uuid
 
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):  # answered before torch's import (seconds)
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the twin's: one folder up
+    with contextlib.suppress(ImportError):  # help_before_torch.py is in the repository, not beside a copied script
+        __import__("help_before_torch").print_help(__file__)
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -606,7 +611,7 @@ def parse_arguments(argv=None):
     add = parser.add_argument
     add("--strategy", type=strategy_list, default="all",
         help=f"one of {', '.join(STRATEGIES)}, a comma list, or all (those the backend can run)")
-    add("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",
+    add("--optimizer", choices=sorted(DEFAULT_LR), default="sgd",
         help="its state (SGD momentum 1x, RMSprop with momentum and Adam 2x the parameters) is what sharding saves; "
              "without --lr its own rate: " + ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items()))
     add("--model", choices=[f"resnet{depth}" for depth in (18, 34, 50, 101, 152)], default="resnet50",

@@ -50,6 +50,11 @@ import time
 import uuid
 import warnings
 
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):  # answered before torch's import (seconds)
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the twin's: one folder up
+    with contextlib.suppress(ImportError):  # help_before_torch.py is in the repository, not beside a copied script
+        __import__("help_before_torch").print_help(__file__)
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

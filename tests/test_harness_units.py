@@ -6,12 +6,14 @@ import os
 import random
 import signal
 import statistics
+import subprocess
+import sys
 import threading
 
 import pytest
 import torch
 
-from conftest import NATIVE, OSS, load_script, resolve_config
+from conftest import LIGHTNING, NATIVE, OSS, clean_env, load_script, resolve_config
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "head",
             "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "x"}
@@ -280,6 +282,21 @@ def test_help_shows_each_default_once_and_no_none(script, capsys):
     assert "None" not in text and "default: " not in text
     assert "images per device (256 on GPU, 8 on CPU)" in text and "timed steps (50)" in text
     assert ("learning rate (0.1)" in text) == (script == NATIVE)  # oss_benchmark.py: each optimizer's own
+
+
+@pytest.mark.parametrize("script", [NATIVE, LIGHTNING, OSS], ids=["native", "lightning", "oss"])
+def test_help_is_answered_without_importing_torch(script, tmp_path, capsys):
+    """--help needs no torch (its import takes seconds): with torch and the frameworks unimportable it still prints
+    the very help that the script gives after importing them."""
+    for package in ("torch", "torchvision", "lightning", "fairscale"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text(f"raise ImportError('{package} imported')\n")
+    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60,
+                          env=clean_env(PYTHONPATH=str(tmp_path)), cwd=tmp_path)
+    with pytest.raises(SystemExit):
+        load_script(script).parse_arguments(["--help"])
+    assert (done.returncode, done.stderr) == (0, "") and done.stdout == capsys.readouterr().out
+    assert "--cuda-graphs" in done.stdout or script == OSS  # benchmark_extras.py's options are in
 
 
 def test_an_output_the_system_cannot_hold_is_refused_before_any_folder_is_made(native, tmp_path):
