@@ -32,18 +32,15 @@ def script_args(script):
     return ["--strategy", "zero1"] if script == OSS else []
 
 
-@pytest.mark.parametrize("script,signum", [(NATIVE, signal.SIGTERM), (NATIVE, signal.SIGINT),
-                                           (NATIVE, signal.SIGUSR1), (LIGHTNING, signal.SIGHUP), (OSS, signal.SIGTERM)],
-                         ids=["native-TERM", "native-INT", "native-USR1", "lightning-HUP", "oss-TERM"])
+# SIGINT: tests/test_lightning.py's Ctrl-C; SIGUSR1: tests/test_multinode.py's, sent by Slurm to a two-node job.
+@pytest.mark.parametrize("script,signum", [(NATIVE, signal.SIGTERM), (LIGHTNING, signal.SIGHUP), (OSS, signal.SIGTERM)],
+                         ids=["native-TERM", "lightning-HUP", "oss-TERM"])
 def test_signal_stops_after_the_current_step_with_the_steps_so_far(tmp_path, script, signum):
     output = tmp_path / "interrupted.json"
     procs = launch_by_hand(script, [*LONG, *script_args(script), "--output", str(output)])
     wait_for_line(procs[0], "measuring step 1/200")
-    if signum != signal.SIGINT:  # Slurm signals every task; Ctrl-C may reach only one rank
-        for proc in procs:
-            proc.send_signal(signum)
-    else:
-        procs[0].send_signal(signum)
+    for proc in procs:  # as Slurm and a closed terminal do: every task
+        proc.send_signal(signum)
     started = time.monotonic()
     outputs = finish(procs)
     assert time.monotonic() - started < 60

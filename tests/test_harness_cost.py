@@ -43,15 +43,22 @@ def test_each_kind_of_block_lands_in_its_own_column(tmp_path, monkeypatch):
     assert cost["ratio_pooled"] == cost["ratio_median"] == 0.5
 
 
+def test_bad_input_is_one_line_and_exit_2_before_any_work():
+    proc = subprocess.run([sys.executable, str(TOOL), *SMALL, "--blocks", "0"], capture_output=True, text=True,
+                          timeout=120, env=clean_env(), cwd=ROOT)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("harness_cost.py: error: "), proc.stderr
+    assert "--blocks must be" in lines[0] and "measuring" not in proc.stdout
+
+
 @pytest.mark.parametrize("args,rule", [
-    (["--blocks", "0"], "--blocks must be"),
     (["--blocks", "abc"], "invalid int value"),
     (["--output", "/proc/cost.json"], "cannot be written"),
     (["--output", "."], "is not a file path"),
 ])
-def test_bad_input_is_one_line_before_any_work(args, rule):
-    proc = subprocess.run([sys.executable, str(TOOL), *SMALL, *args], capture_output=True, text=True,
-                          timeout=120, env=clean_env(), cwd=ROOT)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("harness_cost.py: error: "), proc.stderr
-    assert rule in lines[0] and "measuring" not in proc.stdout
+def test_each_rule_is_named_before_any_work(args, rule, capsys):
+    """In the test's process (the one-line exit path is the test above's): main() returns 2 before measuring."""
+    assert load_script(TOOL).main([*SMALL, *args]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith("harness_cost.py: error: ") and rule in err, err
+    assert "measuring" not in out
