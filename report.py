@@ -184,6 +184,11 @@ def is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_harness_cost(document):
+    """A measurement of tools/harness_cost.py (the loop's own cost, docs/performance.md), not a benchmark result."""
+    return isinstance(document, dict) and document.get("tool") == "harness_cost" and "ratio_pooled" in document
+
+
 def is_comparison(document):
     """A comparison file of compare.py (B against A over paired rounds), not a benchmark result."""
     return isinstance(document, dict) and (document.get("tool") == "compare.py"
@@ -485,6 +490,8 @@ def load_documents(paths, what="input"):
         document, problem = read_json(path)
         if problem is None and is_comparison(document):
             comparisons.append((path, document))
+            continue
+        if problem is None and is_harness_cost(document):  # read by no table: the documents cite it
             continue
         result, problem = read_result_file(path) if problem is None else (None, problem)
         if problem:

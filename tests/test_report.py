@@ -205,6 +205,8 @@ def test_files_that_are_not_results_are_skipped_with_one_line_naming_the_first_b
     (tmp_path / "notes.json").write_text("not json at all")
     (tmp_path / "list.json").write_text("[1, 2]")
     (tmp_path / "other.json").write_text(json.dumps({"hello": "world"}))
+    # tools/harness_cost.py's measurement: committed beside results, read by no table, not warned about
+    write(tmp_path / "harness-cost.json", {"tool": "harness_cost", "ratio_pooled": 1.0, "block_times": []})
     write(tmp_path / "newer.json", {**fixture("native-weak-1proc"), "schema_version": 3})
     broken = fixture("native-weak-1proc")
     broken["throughput"]["images_per_second"] = "fast"
