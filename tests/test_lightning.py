@@ -230,13 +230,19 @@ def test_more_devices_than_gpus(twin, tmp_path, monkeypatch, capsys):
                        monkeypatch, capsys)
 
 
-def test_errors_name_the_lightning_script_not_native(tmp_path):
-    """Both kinds of refusal, the parser's and the harness's, start with the twin's own name."""
-    for argv in (["--steps", "0"], ["--output", f"{tmp_path}/folder/"]):
-        proc = run_script(LIGHTNING, [*SMALL, *argv])
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-        assert lines[0].startswith("lightning/ddp_resnet50.py: error: "), lines
+def test_errors_name_the_lightning_script_not_native(tmp_path, twin, capsys, monkeypatch):
+    """Both kinds of refusal, the parser's and the harness's, start with the twin's own name: as a user sees one,
+    then the other in the test's process (the same run_guarded)."""
+    proc = run_script(LIGHTNING, [*SMALL, "--output", f"{tmp_path}/folder/"])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("lightning/ddp_resnet50.py: error: "), lines
+    monkeypatch.setattr(sys, "argv", [str(LIGHTNING), *SMALL, "--steps", "zero"])
+    with pytest.raises(SystemExit) as stopped:
+        twin.run_guarded(twin.main, twin.SCRIPT)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("lightning/ddp_resnet50.py: error: argument --steps: invalid int value"), err
 
 
 def test_readme_code_map_line_numbers_match_the_file():
