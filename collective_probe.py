@@ -28,17 +28,17 @@ Exit codes: 0 ok, 1 error, 2 bad input (one line on stderr, no file written).
 
 import argparse
 import datetime
-import json
 import os
 import pathlib
 import re
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
+
+from scaling_model import write_json_atomically  # beside this file, like benchmark_extras.py; no torch
 
 PROG = "collective_probe.py"
 SCHEMA = "collective_probe/1"
@@ -291,20 +291,6 @@ def check_output(path, overwrite):
         raise UsageError(f"--output {path}: the folder {target.parent} does not exist")
     if target.exists() and not overwrite:
         raise UsageError(f"--output {path} exists (use --overwrite to replace it)")
-
-
-def write_json_atomically(path, record):
-    """A temporary file beside the target, then a rename: a reader never sees half a file."""
-    target = pathlib.Path(path)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(record, stream, indent=1)
-            stream.write("\n")
-        os.replace(temporary, target)
-    except BaseException:
-        pathlib.Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def table(record):

@@ -1097,6 +1097,7 @@ def parse_strategies(text):
 
 
 def write_json_atomically(path, record):
+    """A temporary file beside the target, then a rename: a reader never sees half a file."""
     target = pathlib.Path(path)
     handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
