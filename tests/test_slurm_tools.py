@@ -6,6 +6,7 @@ import os
 import pathlib
 import re
 import shlex
+import signal
 import socket
 import stat
 import subprocess
@@ -104,3 +105,95 @@ def test_documented_compare_sbatch_command_runs_as_written(cluster, tmp_path, wo
     assert f"== compare.py exit status 0; result file(s): {path}" in job.log.splitlines(), job.describe()
     comparison = json.loads(path.read_text())
     assert comparison["status"] == "ok" and len(comparison["pairs"]) == 2, job.describe()
+
+
+# ------------------------------------------------------------------------------ the sweep that submits nothing
+
+def failing_sbatch(directory, body='echo "sbatch: error: Batch job submission failed: Invalid partition name '
+                                   'specified" >&2\nexit 1'):
+    """A PATH folder whose `sbatch` refuses every job (or does what body says)."""
+    bin_dir = directory / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/bash\n{body}\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+def sweep_from(workdir, path, *args, **settings):
+    return subprocess.run([str(ROOT / "slurm" / "scaling_sweep.sh"), *args], capture_output=True, text=True,
+                          timeout=60, cwd=workdir, env=clean_env(PATH=path, SWEEP_GPUS="1 2", **settings))
+
+
+def everything_under(folder):
+    return sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("results_dir", [None, "deep/er/results"])
+def test_a_sweep_that_submits_nothing_leaves_no_folder(tmp_path, results_dir):
+    # The default runs/ of the directory the sweep is called from, and a results folder several levels down: each
+    # folder the sweep made for its jobs goes again when sbatch refuses the first one.
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    settings = {"BENCH_RESULTS_DIR": results_dir} if results_dir else {}
+    proc = sweep_from(workdir, failing_sbatch(tmp_path), "weak", **settings)
+    assert proc.returncode == 1 and "nothing was submitted" in proc.stderr, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert everything_under(workdir) == [], proc.stdout + proc.stderr
+
+
+def test_a_sweep_that_submits_nothing_keeps_the_folders_it_found(tmp_path):
+    workdir = tmp_path / "work"
+    (workdir / "runs" / "mine").mkdir(parents=True)  # there before: not the sweep's to remove
+    proc = sweep_from(workdir, failing_sbatch(tmp_path), "weak", BENCH_RUN_NAME="mine")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert everything_under(workdir) == ["runs", "runs/mine"]
+
+
+def test_a_sweep_stopped_before_its_first_job_leaves_no_folder(tmp_path):
+    # Ctrl-C or a closed terminal while sbatch still waits for the controller.
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    ready = tmp_path / "sbatch-started"
+    path = failing_sbatch(tmp_path, f"touch {shlex.quote(str(ready))}\nsleep 60")
+    proc = subprocess.Popen([str(ROOT / "slurm" / "scaling_sweep.sh"), "weak"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=workdir,
+                            env=clean_env(PATH=path, SWEEP_GPUS="1 2"), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists() and (workdir / "runs").is_dir()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert everything_under(workdir) == []
+
+
+@pytest.mark.parametrize("settings,expected", [
+    ({"BENCH_DEVICE": "gpu"}, "BENCH_DEVICE=gpu: use cuda or cpu"),
+    ({"BENCH_GPU_REQUEST": "gpus"}, "BENCH_GPU_REQUEST=gpus: use gpus-per-node or gres"),
+    ({"SWEEP_WAIT": "yes"}, "SWEEP_WAIT=yes: use 1"),
+    ({"BENCH_DEVICE": "cpu", "BENCH_CPUS_PER_TASK": "0"}, "BENCH_CPUS_PER_TASK=0 is not a positive integer"),
+])
+def test_a_sweep_refuses_bad_settings_before_making_anything(tmp_path, settings, expected):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    submitted = tmp_path / "submitted"
+    proc = sweep_from(workdir, failing_sbatch(tmp_path, f"touch {shlex.quote(str(submitted))}\necho 1"), "weak",
+                      **settings)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"scaling_sweep.sh: error: {expected}" in proc.stderr, proc.stderr
+    assert not submitted.exists() and everything_under(workdir) == []
+
+
+def test_a_sweep_that_cannot_make_its_folder_says_so_in_one_line(tmp_path):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "taken").write_text("a file where the results folder would go\n")
+    proc = sweep_from(workdir, failing_sbatch(tmp_path), "weak", BENCH_RESULTS_DIR="taken/results")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "cannot make the run folder" in proc.stderr, proc.stderr
+    assert everything_under(workdir) == ["taken"]
