@@ -197,3 +197,71 @@ def test_a_sweep_that_cannot_make_its_folder_says_so_in_one_line(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and "cannot make the run folder" in proc.stderr, proc.stderr
     assert everything_under(workdir) == ["taken"]
+
+
+# ------------------------------------------------------------------------------ collective_probe.py
+
+# Where it is: beside the benchmarks, or in lib/ with the other measurement code.
+PROBE = next(path for path in (ROOT / "lib" / "collective_probe.py", ROOT / "collective_probe.py") if path.exists())
+TINY_PROBE = ["--device", "cpu", "--sizes", "1K,4K", "--repeats", "1", "--warmup", "0"]
+
+
+def unused_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # closed again: nothing listens there
+
+
+def run_probe(args, umask=0o022, **launcher):
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env=clean_env(**launcher), preexec_fn=lambda: os.umask(umask))
+    return proc, time.monotonic() - began
+
+
+@pytest.mark.parametrize("rank,expected", [
+    ("1", "collective_probe.py: error: rank 1: no answer from the master (rank 0) at 127.0.0.1:{port} in "),
+    ("0", "collective_probe.py: error: rank 0: the 2 ranks did not all meet at 127.0.0.1:{port} in "),
+])
+def test_a_probe_whose_ranks_never_meet_says_so_in_one_line(rank, expected):
+    # Rank 1 whose master never answers (nothing listens at its port), and a master whose other rank never comes:
+    # one line naming the cause, exit 1, within a few --timeout (torch's client tries twice), no C++ stack.
+    port = unused_port()
+    proc, took = run_probe([*TINY_PROBE, "--timeout", "2"], RANK=rank, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(expected.format(port=port)), proc.stderr
+    assert proc.stdout == "" and took < 60, (took, proc.stdout)
+
+
+def test_the_probe_file_has_the_umasks_mode(tmp_path):
+    for umask, mode in ((0o022, 0o644), (0o027, 0o640)):
+        output = tmp_path / f"probe-{umask:o}.json"
+        proc, _ = run_probe([*TINY_PROBE, "--output", str(output)], umask=umask)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert stat.S_IMODE(output.stat().st_mode) == mode and json.loads(output.read_text())["world_size"] == 1
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["probe-22.json", "probe-27.json"]  # no temporary
+
+
+def test_the_probe_file_replaces_nothing_that_appeared_meanwhile(tmp_path):
+    # Between check_output() before the probe and the write after it another run wrote the file: it stays, in
+    # one line and exit 1; with --overwrite it is replaced, whole, with the umask's mode.
+    from conftest import load_script
+    probe = load_script(PROBE, "collective_probe_writer_under_test")
+    output = tmp_path / "probe.json"
+    output.write_text("another run's\n")
+    with pytest.raises(probe.ProbeError, match="appeared while the probe ran"):
+        probe.write_json_atomically(str(output), {"schema": "new"}, overwrite=False)
+    assert output.read_text() == "another run's\n"
+    umask = os.umask(0o002)
+    try:
+        probe.write_json_atomically(str(output), {"schema": "new"}, overwrite=True)
+    finally:
+        os.umask(umask)
+    assert json.loads(output.read_text()) == {"schema": "new"} and stat.S_IMODE(output.stat().st_mode) == 0o664
+    assert [path.name for path in tmp_path.iterdir()] == ["probe.json"]
+
+
+def test_the_probe_imports_no_analysis_code():
+    # Measurement code stands alone: scaling_model.py (analysis) may change without touching the probe.
+    assert not re.search(r"^\s*(from|import)\s+scaling_model\b", PROBE.read_text(), flags=re.MULTILINE)
