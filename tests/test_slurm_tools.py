@@ -107,6 +107,22 @@ def test_documented_compare_sbatch_command_runs_as_written(cluster, tmp_path, wo
     assert comparison["status"] == "ok" and len(comparison["pairs"]) == 2, job.describe()
 
 
+
+@pytest.mark.parametrize("settings,args,expected", [
+    ({"BENCH_RUN_NAME": ".."}, [], "compare: error: BENCH_RUN_NAME '..' cannot name the run folder"),
+    ({}, ["--rounds", "1"], "compare.py: error: --rounds 1: an interval needs at least 2 pairs"),
+])
+def test_compare_sbatch_refuses_bad_input_before_making_a_folder(cluster, tmp_path, settings, args, expected):
+    # A run folder that would leave the results folder, and arguments compare.py refuses: exit 2 with the line that
+    # says why, no round run, no folder made (the comparison would go to tmp_path/compare/).
+    job = submit(cluster, tmp_path, COMPARE_SBATCH, ["--gpus-per-node=0"], args, timeout=60, BENCH_DEVICE="cpu",
+                 COMPARE_A="python -c pass", COMPARE_B="python -c pass", **settings)
+    assert job.returncode == 2, job.describe()
+    errors = [line for line in job.log.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and errors[0].startswith(expected), job.describe()
+    assert not [path for path in tmp_path.rglob("*") if path.is_dir()], job.describe()  # the job log only
+
+
 # ------------------------------------------------------------------------------ the sweep that submits nothing
 
 def failing_sbatch(directory, body='echo "sbatch: error: Batch job submission failed: Invalid partition name '
