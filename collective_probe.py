@@ -23,22 +23,25 @@ Inside a run that already has a process group, on every rank (it is collective),
     from collective_probe import probe_collectives
     probe = probe_collectives(group=None, device=device)   # the same dict on every rank
 
-Exit codes: 0 ok, 1 error, 2 bad input (one line on stderr, no file written).
+Exit codes: 0 ok, 1 error (ranks that cannot meet within --timeout, an output that cannot be written: one line on
+stderr), 2 bad input (one line on stderr, no file written).
 """
 
 import argparse
+import contextlib
 import datetime
+import json
 import os
 import pathlib
 import re
+import socket
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-
-from scaling_model import write_json_atomically  # beside this file, like benchmark_extras.py; no torch
 
 PROG = "collective_probe.py"
 SCHEMA = "collective_probe/1"
@@ -52,12 +55,16 @@ BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: 
 DEFAULT_SIZES = {"cuda": [4**k * 1024 for k in range(9)], "cpu": [4**k * 1024 for k in range(8)]}
 DEFAULT_REPEATS, DEFAULT_WARMUP = 5, 2
 ELEMENT_BYTES = 4  # float32, as DDP's gradients
-EXIT_USAGE = 2
+EXIT_ERROR, EXIT_USAGE = 1, 2
 SLEEP_CYCLES = 2_000_000  # about 1 ms of a GPU clock: the host queues the copies while the GPU waits
 
 
 class UsageError(Exception):
     """Bad input: one line, exit code 2."""
+
+
+class ProbeError(Exception):
+    """The ranks could not meet, or the output could not be written: one line from the rank that saw it, exit 1."""
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -283,14 +290,50 @@ def detect_launch(env):
 
 
 def check_output(path, overwrite):
-    """The output's rules, proved before any work (rank 0): an existing folder, no file unless --overwrite."""
+    """The output's rules, proved before any work (rank 0): an existing folder this process can write in (and make
+    hard links in, without --overwrite: write_json_atomically() links), no file unless --overwrite."""
     target = pathlib.Path(path)
     if target.is_dir():
         raise UsageError(f"--output {path} is a folder: give a file path")
     if not target.parent.is_dir():
         raise UsageError(f"--output {path}: the folder {target.parent} does not exist")
-    if target.exists() and not overwrite:
+    if (target.exists() or target.is_symlink()) and not overwrite:
         raise UsageError(f"--output {path} exists (use --overwrite to replace it)")
+    try:
+        with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as trial:
+            pathlib.Path(trial, "file").touch()
+            if not overwrite:
+                os.link(pathlib.Path(trial, "file"), pathlib.Path(trial, "link"))
+    except OSError as error:
+        what = "cannot hold hard links (use --overwrite)" if error.filename2 else "cannot be written"
+        raise UsageError(f"--output {path}: the folder {target.parent} {what}: {error.strerror}") from None
+
+
+def write_json_atomically(path, record, overwrite):
+    """Whole or absent for readers, with the mode the umask gives a new file: a temporary file beside the target,
+    then a rename (--overwrite) or a hard link, which replaces nothing that appeared meanwhile."""
+    target = pathlib.Path(path)
+    descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        umask = os.umask(0o077)
+        os.umask(umask)
+        os.fchmod(descriptor, 0o666 & ~umask)  # mkstemp's own is 0600
+        with os.fdopen(descriptor, "w") as stream:
+            json.dump(record, stream, indent=1)
+            stream.write("\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        if overwrite:
+            os.replace(temporary, target)
+        else:
+            try:
+                os.link(temporary, target)
+            except FileExistsError:
+                raise ProbeError(f"--output {path} appeared while the probe ran: left as it is, the probe not "
+                                 f"written (use --overwrite to replace it)") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
 
 
 def table(record):
@@ -312,9 +355,61 @@ def initialise(launch, device, timeout):
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
         return
-    dist.init_process_group(backend, init_method=f"tcp://{launch['master_addr']}:{launch['master_port']}",
-                            rank=launch["rank"], world_size=launch["world_size"],
-                            timeout=datetime.timedelta(seconds=timeout))
+    # The ranks meet at rank 0's store, each rank waiting --timeout seconds per try (torch's client tries twice).
+    # Each way of not meeting is one line naming it (ProbeError) instead of torch's traceback, and the C++ log
+    # lines of its tries (each with a stack) are dropped; a rendezvous that succeeds shows them.
+    addr, port, rank, world = launch["master_addr"], launch["master_port"], launch["rank"], launch["world_size"]
+    where, wait, began = f"{addr}:{port}", datetime.timedelta(seconds=timeout), time.monotonic()
+    try:
+        socket.getaddrinfo(addr, port)
+    except OSError:
+        raise ProbeError(f"the master host {addr!r} (MASTER_ADDR) cannot be resolved") from None
+    # torchrun's agent already serves a store at its MASTER_ADDR:MASTER_PORT: there every rank is its client.
+    agent_serves = (os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and os.environ.get("MASTER_ADDR") == addr
+                    and os.environ.get("MASTER_PORT") == str(port))
+    with native_stderr_held():
+        try:
+            store = dist.TCPStore(addr, port, world, rank == 0 and not agent_serves, wait, wait_for_workers=False)
+        except (RuntimeError, OSError) as error:  # torch's DistError is a RuntimeError
+            if rank == 0 and not agent_serves:
+                raise ProbeError(f"cannot serve the rendezvous at {where}: {first_line(error)}") from None
+            raise ProbeError(f"no answer from the master (rank 0) at {where} in {time.monotonic() - began:.0f} s "
+                             f"(--timeout {timeout}): is it running there? ({first_line(error)})") from None
+        try:
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=wait)
+        except (RuntimeError, OSError) as error:
+            raise ProbeError(f"the {world} ranks did not all meet at {where} in {time.monotonic() - began:.0f} s "
+                             f"(--timeout {timeout}): {first_line(error)}") from None
+
+
+def first_line(error):
+    """An exception's first line: torch's distributed errors go on with a C++ stack."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+@contextlib.contextmanager
+def native_stderr_held():
+    """What is written to file descriptor 2 in the block (torch's C++ log lines) held back: written out after the
+    block, or dropped when an exception ends it."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    failed = False
+    try:
+        with tempfile.TemporaryFile() as held:
+            os.dup2(held.fileno(), 2)
+            try:
+                yield
+            except BaseException:
+                failed = True
+                raise
+            finally:
+                os.dup2(saved, 2)
+                if not failed:
+                    held.seek(0)
+                    os.write(2, held.read())
+    finally:
+        os.close(saved)
 
 
 def main(argv=None):
@@ -338,7 +433,7 @@ def main(argv=None):
         if launch["rank"] == 0:
             print(table(record), flush=True)
             if args.output:
-                write_json_atomically(args.output, record)
+                write_json_atomically(args.output, record, args.overwrite)
         return 0
     finally:
         dist.destroy_process_group()
@@ -351,6 +446,10 @@ def run_guarded(main_function):
         if (os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0") == "0":
             print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
+    except ProbeError as error:
+        rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+        print(f"{PROG}: error: rank {rank}: {error}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_ERROR)
 
 
 if __name__ == "__main__":

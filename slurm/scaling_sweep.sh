@@ -46,6 +46,21 @@ script_path=$script
 command -v sbatch >/dev/null 2>&1 || die "sbatch not found: run this on a Slurm login node"
 
 device=${BENCH_DEVICE:-cuda}
+case "$device" in
+  cuda | cpu) ;;
+  *) die "BENCH_DEVICE=$device: use cuda or cpu" ;;
+esac
+case "${BENCH_GPU_REQUEST:-gpus-per-node}" in
+  gpus-per-node | gres) ;;
+  *) die "BENCH_GPU_REQUEST=$BENCH_GPU_REQUEST: use gpus-per-node or gres" ;;
+esac
+case "${SWEEP_WAIT:-0}" in
+  0 | 1) ;;
+  *) die "SWEEP_WAIT=$SWEEP_WAIT: use 1 (wait for the jobs) or 0" ;;
+esac
+if [ -n "${BENCH_CPUS_PER_TASK:-}" ] && [[ ! $BENCH_CPUS_PER_TASK =~ ^[1-9][0-9]*$ ]]; then
+  die "BENCH_CPUS_PER_TASK=$BENCH_CPUS_PER_TASK is not a positive integer"
+fi
 read -r -a counts <<<"${SWEEP_GPUS:-1 2 4 8}"
 per_node=${SWEEP_GPUS_PER_NODE:-4}
 [[ $per_node =~ ^[1-9][0-9]*$ ]] || die "SWEEP_GPUS_PER_NODE=$per_node is not a positive integer"
@@ -92,17 +107,31 @@ export BENCH_RUN_NAME=${BENCH_RUN_NAME:-$mode-$name-$(date -u +%Y%m%dT%H%M%SZ)}
 source "$root/slurm/common.sh"
 BENCH_NAME=scaling_sweep.sh bench_run_folder BENCH_RUN_NAME "$BENCH_RUN_NAME" >/dev/null
 run_dir=$BENCH_RESULTS_DIR/$BENCH_RUN_NAME
-# Slurm does not create the folder of --output: the job logs go next to the results.
-made_run_dir=0
-[ -d "$run_dir" ] || made_run_dir=1
-mkdir -p "$run_dir"
 manifest=$run_dir/sweep.tsv
 sbatch_errors=$(mktemp)
-trap 'rm -f "$sbatch_errors"' EXIT
+job_ids=()
+# Slurm does not create the folder of --output: the job logs go next to the results. The folders made here (the
+# run folder and those above it that were missing, runs/ included) go again when the sweep ends, however it ends,
+# without having submitted a job: a sweep that submitted nothing leaves nothing behind.
+made_dirs=()
+folder=$run_dir
+while [ ! -d "$folder" ]; do
+  made_dirs+=("$folder")
+  folder=$(dirname "$folder")
+done
+clean_up() {
+  rm -f "$sbatch_errors"
+  if [ "${#job_ids[@]}" = 0 ]; then
+    for folder in ${made_dirs[@]+"${made_dirs[@]}"}; do  # the deepest first; each one only while empty
+      rmdir "$folder" 2>/dev/null || break
+    done
+  fi
+}
+trap clean_up EXIT
+mkdir -p "$run_dir" 2>/dev/null || die "cannot make the run folder $run_dir (BENCH_RESULTS_DIR, BENCH_RUN_NAME)"
 
 unit=$([ "$device" = cpu ] && echo process || echo GPU)
 echo "== $mode scaling of $name over ${counts[*]} $([ "$device" = cpu ] && echo CPU processes || echo GPUs), $batch_note -> $run_dir"
-job_ids=()
 for count in "${counts[@]}"; do
   if (( count > per_node )); then
     nodes=$(( count / per_node )) tasks=$per_node
@@ -123,7 +152,6 @@ for count in "${counts[@]}"; do
     # sbatch's last line says why (e.g. "Batch job submission failed: Invalid partition name specified").
     reason=$(sed -e '/^[[:space:]]*$/d' -e 's/^sbatch: error: //' "$sbatch_errors" | tail -n 1)
     if [ "${#job_ids[@]}" = 0 ]; then
-      [ "$made_run_dir" = 0 ] || rmdir "$run_dir" 2>/dev/null || true
       submitted="nothing was submitted"
     else
       submitted="already submitted: job(s) ${job_ids[*]}, listed in $manifest (scancel $(IFS=,; echo "${job_ids[*]}") cancels them)"

@@ -451,6 +451,29 @@ def test_compare_sbatch_runs_both_commands_in_the_job(cluster, tmp_path):
     assert (tmp_path / "calls.txt").read_text().split() == ["a", "a", "b", "b", "b", "b", "a", "a"]
 
 
+def test_compare_sbatch_cancelled_keeps_the_comparison_and_the_closing_line(cluster, tmp_path):
+    # scancel, as the time limit does: SIGTERM to every process of the job, the batch shell, compare.py and the
+    # round under way alike. compare.py writes the comparison so far (interrupted); the batch shell must live on
+    # to write the closing line that names it.
+    from test_compare import FAKE_SCRIPT, read_comparison
+    fake = tmp_path / "fake_bench.py"
+    fake.write_text(FAKE_SCRIPT)
+    side = f"python {fake} --calls {tmp_path}/calls.txt --sleep 60 --label"
+    job_id, log, output = sbatch(cluster, tmp_path, "slurm/compare.sbatch", ["--gpus-per-node=0"], [],
+                                 BENCH_DEVICE="cpu", COMPARE_A=f"{side} a", COMPARE_B=f"{side} b",
+                                 COMPARE_ROUNDS="2")
+    assert job_id, output
+    calls = tmp_path / "calls.txt"
+    wait_for_line(cluster, job_id, calls, r"^a$", 60)  # round 1 under way
+    subprocess.run(["scancel", job_id], check=True, capture_output=True, env=cluster.env(), timeout=30)
+    job = Job(job_id, wait_for(cluster, job_id, 60), log, output)
+    path = tmp_path / "compare" / f"compare-job{job.id}.json"
+    closing = [line for line in job.log.splitlines() if line.startswith("== compare.py exit status")]
+    assert closing == [f"== compare.py exit status 130; result file(s): {path}"], job.describe()
+    assert "== compare: SIGTERM received while compare.py ran" in job.log.splitlines(), job.describe()
+    assert read_comparison(path)["status"] == "interrupted", job.describe()
+
+
 def test_compare_sbatch_without_a_command_says_so(cluster, tmp_path):
     job = submit(cluster, tmp_path, "slurm/compare.sbatch", CPU_JOB, timeout=60, BENCH_DEVICE="cpu",
                  COMPARE_A="srun python ddp_resnet50.py --device cpu")
