@@ -24,7 +24,6 @@ lists it in `differences`. Output: FILE.json (schema/compare.schema.json) and FI
 result and log). Exit codes: 0 done, 1 a round failed (the comparison so far is written, status "failed"), 2 bad
 input or rounds on different machines (one line, no comparison written), 130 interrupted by a signal.
 """
-import argparse
 import contextlib
 import datetime
 import json
@@ -38,29 +37,22 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "lib"))
+from analysis import (EXIT_FAILED, SOFTWARE, OneLineArgumentParser, UsageError, describe_machine,  # noqa: E402
+                      machine_of, run_cli, write_json_atomically)
+
+EXIT_INTERRUPTED = 130
 ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 ROUND_FILE = re.compile(r"^[ab]-\d+\.(json|log)$")
-SOFTWARE = ("python", "torch", "cuda", "nccl", "torchvision", "lightning", "fairscale")
 # Student's t, two-sided 95 % (the 0.975 quantile), for 1 to 30 degrees of freedom
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
-class UsageError(Exception):
-    """Bad input, or rounds that are no like-for-like comparison: one line, exit 2."""
-
-
 class RoundFailed(Exception):
     """A round's command failed or its result is not ok: the comparison stops there."""
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
 
 
 def parse_arguments(argv):
@@ -210,26 +202,14 @@ def run_round(command, side, pair, order, rounds_dir, folder):
     return record, result
 
 
-def machine_of(result):
-    hardware = result.get("hardware") or {}
-    return {"hostnames": sorted(hardware.get("hostnames") or []),
-            "gpu_uuids": [rank.get("gpu_uuid") for rank in hardware.get("ranks") or [] if rank.get("gpu_uuid")],
-            "cpu": hardware.get("cpu")}
-
-
-def describe(machine):
-    hosts = ", ".join(machine["hostnames"]) or "an unnamed host"
-    return f"{hosts} with {', '.join(machine['gpu_uuids']) or 'no GPU'} ({machine['cpu']})"
-
-
 def check_same_machine(machine, side, record, firsts):
     """Every round on its side's first round's hosts and GPUs; one side's hosts and GPUs among the other's."""
     name, other = f"round {record['order']} (pair {record['pair']}, {side.upper()})", "b" if side == "a" else "a"
     if side in firsts and machine != firsts[side]:
-        raise UsageError(f"{name} ran on {describe(machine)}, {side.upper()}'s first round on "
-                         f"{describe(firsts[side])}: compare on one machine")
+        raise UsageError(f"{name} ran on {describe_machine(machine)}, {side.upper()}'s first round on "
+                         f"{describe_machine(firsts[side])}: compare on one machine")
     if other in firsts and not nested(machine, firsts[other]):
-        raise UsageError(f"{name} ran on {describe(machine)}, {other.upper()}'s rounds on {describe(firsts[other])}: "
+        raise UsageError(f"{name} ran on {describe_machine(machine)}, {other.upper()}'s rounds on {describe_machine(firsts[other])}: "
                          f"compare on one machine")
     firsts.setdefault(side, machine)
 
@@ -331,24 +311,6 @@ def utc_now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def write_atomically(path, document):
-    """A temporary file beside the target, then a rename: readers see the whole file or none."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(descriptor, 0o666 & ~umask)
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(document, handle, indent=1)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        pathlib.Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def interrupt(signum, frame):
     raise KeyboardInterrupt()  # SIGTERM (a Slurm time limit, scancel) ends the comparison as Ctrl-C does
 
@@ -364,7 +326,7 @@ def main(argv=None):
     finally:
         signal.signal(signal.SIGTERM, previous)
     comparison = build_comparison(args, rounds, results, status, stop, failure, started_at)
-    write_atomically(output, comparison)
+    write_json_atomically(output, comparison, overwrite=args.overwrite)
     if failure:
         print(f"compare.py: {failure}", file=sys.stderr, flush=True)
     ratios = ", ".join(f"{pair['ratio']:.3f}" for pair in comparison["pairs"])
@@ -376,13 +338,5 @@ def main(argv=None):
     return {"ok": 0, "failed": EXIT_FAILED, "interrupted": EXIT_INTERRUPTED}[status]
 
 
-def run_guarded():
-    try:
-        sys.exit(main())
-    except UsageError as error:
-        print(f"compare.py: error: {error}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USAGE)
-
-
 if __name__ == "__main__":
-    run_guarded()
+    run_cli(main, "compare.py")
