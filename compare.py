@@ -140,20 +140,22 @@ def summarize(ratios):
     return math.exp(mean), [math.exp(mean - half), math.exp(mean + half)], 100 * (math.exp(half) - 1)
 
 
-def verdict(ratio, interval, pairs):
+def verdict(ratio, interval, pairs, noisy_rounds=0, rounds=0):
     counted = f"{pairs} pair{'s' if pairs != 1 else ''}"
+    noise = f"; {noisy_rounds} of {rounds} rounds noisy" if noisy_rounds else ""
     if ratio is None:
         return "no complete pair: no comparison"
     if interval is None:
-        return f"B/A {ratio:.3f} from {counted}: no interval (it needs 2 pairs)"
+        return f"B/A {ratio:.3f} from {counted}: no interval (it needs 2 pairs){noise}"
     low, high = interval
     if low <= 1 <= high:
-        return f"no difference larger than ±{100 * max(1 - low, high - 1):.1f} % detectable at this noise ({counted})"
+        return (f"no difference detectable at this noise: B is between {100 * (1 - low):.1f} % slower and "
+                f"{100 * (high - 1):.1f} % faster than A (95 % interval, {counted}{noise})")
     if high < 1:
         return (f"B is {100 * (1 - ratio):.1f} % slower than A "
-                f"(95 % interval {100 * (1 - high):.1f}–{100 * (1 - low):.1f} %, {counted})")
+                f"(95 % interval {100 * (1 - high):.1f}–{100 * (1 - low):.1f} %, {counted}{noise})")
     return (f"B is {100 * (ratio - 1):.1f} % faster than A "
-            f"(95 % interval {100 * (low - 1):.1f}–{100 * (high - 1):.1f} %, {counted})")
+            f"(95 % interval {100 * (low - 1):.1f}–{100 * (high - 1):.1f} %, {counted}{noise})")
 
 
 def last_line(path):
@@ -187,7 +189,8 @@ def run_round(command, side, pair, order, rounds_dir, folder):
         code = run_to_end(argv, environment, log)
     record = {"order": order, "pair": pair, "side": side, "command": shlex.join(argv),
               "result": os.path.relpath(result_path, folder), "log": os.path.relpath(log_path, folder),
-              "exit_code": code, "wall_s": time.monotonic() - started, "status": None, "images_per_second": None}
+              "exit_code": code, "wall_s": time.monotonic() - started, "status": None, "images_per_second": None,
+              "noisy": None, "noise_reason": None}
     if not result_path.exists():
         raise RoundFailed(record, f"{name} failed: exit {code}, no result at {result_path}: {last_line(log_path)}")
     try:
@@ -196,6 +199,8 @@ def run_round(command, side, pair, order, rounds_dir, folder):
         raise RoundFailed(record, f"{name} failed: {result_path} is not JSON ({error})") from None
     record["status"] = result.get("status")
     record["images_per_second"] = (result.get("throughput") or {}).get("images_per_second")
+    stability = result.get("stability") or {}
+    record["noisy"], record["noise_reason"] = stability.get("noisy"), stability.get("reason")
     if record["status"] != "ok" or code != 0 or not record["images_per_second"]:
         reason = (result.get("failure") or {}).get("message") or last_line(log_path)
         raise RoundFailed(record, f"{name} failed: exit {code}, status {record['status']}: {reason}")
@@ -295,12 +300,14 @@ def build_comparison(args, rounds, results, status, stop, failure, started_at):
     pairs = pairs_of(rounds)
     ratio, interval, half_width = summarize([pair["ratio"] for pair in pairs])
     sides, differences = provenance(results)
-    return {"schema_version": 1, "tool": "compare.py", "status": status, "stop_reason": stop, "failure": failure,
+    noisy = sum(1 for record in rounds if record.get("noisy"))
+    return {"schema_version": 2, "tool": "compare.py", "status": status, "stop_reason": stop, "failure": failure,
             "commands": {"a": args.a, "b": args.b},
             "options": {"rounds": args.rounds, "until_interval_percent": args.until_interval,
                         "max_minutes": args.max_minutes},
             "ratio": ratio, "interval_95": interval, "interval_half_width_percent": half_width,
-            "verdict": verdict(ratio, interval, len(pairs)), "pairs": pairs, "rounds": rounds,
+            "verdict": verdict(ratio, interval, len(pairs), noisy, len(rounds)), "noisy_rounds": noisy,
+            "pairs": pairs, "rounds": rounds,
             **{group: {side: facts[group] for side, facts in sides.items()}
                for group in ("machine", "git", "software")},
             "like_for_like": not differences, "differences": differences,

@@ -215,17 +215,19 @@ def read_inputs(paths, program, what="input"):
 # ---------------------------------------------------------------------------- machine and software
 
 def machine_of(result):
-    """The hosts, GPUs (their UUIDs, one per rank) and CPU model a result ran on."""
+    """The hosts, GPUs (their UUIDs, one per rank, and models) and CPU model a result ran on."""
     hardware = result.get("hardware") or {}
     ranks = [rank for rank in hardware.get("ranks") or [] if isinstance(rank, dict)]
     return {"hostnames": sorted(host for host in hardware.get("hostnames") or [] if isinstance(host, str)),
             "gpu_uuids": [rank["gpu_uuid"] for rank in ranks if rank.get("gpu_uuid")],
+            "gpu_names": sorted({rank["gpu_name"] for rank in ranks if rank.get("gpu_name")}),
             "cpu": hardware.get("cpu")}
 
 
 def describe_machine(machine):
     hosts = ", ".join(machine["hostnames"]) or "an unnamed host"
-    return f"{hosts} with {', '.join(machine['gpu_uuids']) or 'no GPU'} ({machine['cpu']})"
+    gpus = f"{', '.join(machine['gpu_names'])} {', '.join(machine['gpu_uuids'])}" if machine["gpu_uuids"] else "no GPU"
+    return f"{hosts} with {gpus} ({machine['cpu']})"
 
 
 def devices_of(result):

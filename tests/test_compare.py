@@ -22,7 +22,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "results" / "native-strong-1proc.json"
 FAKE_SCRIPT = f'''
 import argparse, json, pathlib, sys, time
 parser = argparse.ArgumentParser()
-for name in ("--label", "--calls", "--ips", "--uuids", "--host", "--torch", "--status", "--output"):
+for name in ("--label", "--calls", "--ips", "--uuids", "--host", "--torch", "--status", "--noisy", "--output"):
     parser.add_argument(name)
 parser.add_argument("--sleep", type=float, default=0)
 args = parser.parse_args()
@@ -38,10 +38,12 @@ result = json.loads(pathlib.Path({str(FIXTURE)!r}).read_text())
 result["throughput"]["images_per_second"] = float(nth(args.ips, "100"))
 uuids = nth(args.uuids, "GPU-0").split("+")
 result["hardware"]["ranks"] = [{{"rank": rank, "hostname": args.host or "vm", "device": f"cuda:{{rank}}",
-                                "gpu_uuid": uuid}} for rank, uuid in enumerate(uuids)]
+                                "gpu_uuid": uuid, "gpu_name": "NVIDIA H200"}} for rank, uuid in enumerate(uuids)]
 result["hardware"]["hostnames"] = [args.host or "vm"]
 result["software"]["torch"] = args.torch or result["software"]["torch"]
 result["status"] = nth(args.status, "ok")
+noisy = nth(args.noisy, "no") == "yes"
+result["stability"] = {{"noisy": noisy, "reason": "host-bound: the stand-in's" if noisy else None}}
 if result["status"] != "ok":
     result["failure"] = {{"kind": result["status"], "rank": 0, "message": "the stand-in was told to fail"}}
 pathlib.Path(args.output).write_text(json.dumps(result))
@@ -158,8 +160,9 @@ def test_statistics(compare):
         assert compare.t_975(degrees) == pytest.approx(t, abs=0.002)
     assert compare.verdict(1.041, [1.020, 1.062], 5) == "B is 4.1 % faster than A (95 % interval 2.0–6.2 %, 5 pairs)"
     assert compare.verdict(0.959, [0.938, 0.980], 5) == "B is 4.1 % slower than A (95 % interval 2.0–6.2 %, 5 pairs)"
-    assert compare.verdict(1.002, [0.987, 1.010], 5) == (
-        "no difference larger than ±1.3 % detectable at this noise (5 pairs)")
+    assert compare.verdict(1.002, [0.535, 1.288], 4, 3, 8) == (
+        "no difference detectable at this noise: B is between 46.5 % slower and 28.8 % faster than A "
+        "(95 % interval, 4 pairs; 3 of 8 rounds noisy)")
     assert [compare.pair_order(pair) for pair in (1, 2, 3, 4)] == [("a", "b"), ("b", "a"), ("a", "b"), ("b", "a")]
 
 
@@ -175,6 +178,7 @@ def test_rounds_on_another_machine_are_refused(tmp_path, fake, a_options, b_opti
         assert proc.returncode == 0, proc.stderr
         comparison = read_comparison(tmp_path / "cmp.json")
         assert comparison["machine"]["b"]["gpu_uuids"] == ["GPU-0", "GPU-1"]
+        assert comparison["machine"]["b"]["gpu_names"] == ["NVIDIA H200"]
         return
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and refused in proc.stderr, proc.stderr
     assert proc.stderr.startswith("compare.py: error: round ") and "Traceback" not in proc.stderr
@@ -281,3 +285,15 @@ def test_existing_comparison_needs_overwrite(tmp_path, fake):
     assert len(read_comparison(tmp_path / "cmp.json")["rounds"]) == 4
     assert sorted(path.name for path in (tmp_path / "cmp.rounds").glob("*.json")) == [
         "a-1.json", "a-2.json", "b-1.json", "b-2.json"]  # the third pair of the old comparison is gone
+
+
+def test_noisy_rounds_are_counted_and_named(tmp_path, fake):
+    proc = run_compare(tmp_path, fake("a", noisy="no,yes"), fake("b", noisy="yes,no,no"), "--rounds", 3)
+    assert proc.returncode == 0, proc.stderr
+    comparison = read_comparison(tmp_path / "cmp.json")
+    # A's calls: no, yes, no; B's: yes, no, no (each side's own count of calls)
+    assert [(r["side"], r["noisy"]) for r in comparison["rounds"]] == [
+        ("a", False), ("b", True), ("b", False), ("a", True), ("a", False), ("b", False)]
+    assert comparison["noisy_rounds"] == 2
+    assert comparison["rounds"][1]["noise_reason"] == "host-bound: the stand-in's"
+    assert comparison["verdict"].endswith("; 2 of 6 rounds noisy)") and comparison["verdict"] in proc.stdout

@@ -11,8 +11,8 @@ import pytest
 import analysis
 from conftest import ROOT, load_script
 
-LINE_BUDGETS = {"README.md": 250, "docs/scaling.md": 400, "docs/performance.md": 300, "docs/sharding.md": 350, "lightning/README.md": 150}
-BYTE_BUDGETS = {"README.md": 20 * 1024}
+LINE_BUDGETS = {"README.md": 250, "docs/scaling.md": 400, "docs/performance.md": 310, "docs/sharding.md": 350, "lightning/README.md": 150}
+BYTE_BUDGETS = {"README.md": 21 * 1024}
 EXPERIMENT_README_LINES = 60
 LINK = re.compile(r"\]\(([^)\s]+)\)|^\[[^\]]+\]:\s*(\S+)", re.MULTILINE)
 

@@ -959,7 +959,7 @@ def test_answers_follow_the_pairing_rules(committed):
     runs = committed[0]
     default = report.pick(runs)
     assert len(default) > 20 and all(run["config"].world_size == 1 for run in default)
-    assert report.rates_text(default).startswith("4,696–4,751 img/s (")
+    assert report.rates_text(default).startswith("4,692–4,751 img/s (")
     stock_pieces = report.pick(runs, **report.TWIN, world_size=2, gradient_as_bucket_view=False,
                                lightning_sigterm_sync=True, lightning_ddp_side_stream=report.ANY)
     no_views = report.pick(runs, world_size=2, gradient_as_bucket_view=False)
