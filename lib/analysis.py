@@ -268,7 +268,7 @@ def write_atomically(path, text, overwrite=True):
     replaced file's), synced, then renamed over path (overwrite) or linked to it, which refuses a path that exists,
     even one that another run wrote meanwhile (UsageError). A full disk or a kill leaves the old file whole."""
     path = pathlib.Path(path)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    temporary = temporary_path(path)
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
     try:
         with os.fdopen(descriptor, "wb") as stream:
@@ -290,6 +290,22 @@ def write_atomically(path, text, overwrite=True):
 
 def write_json_atomically(path, document, overwrite=True):
     write_atomically(path, json.dumps(document, indent=1) + "\n", overwrite)
+
+
+def temporary_path(path):
+    """A fresh name beside path for write_atomically's temporary file (hidden, so that readers skip it)."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+
+
+def check_writable(path, flag="--output"):
+    """UsageError unless write_atomically could create its temporary file for path now: a folder that refuses it
+    (its permissions, a read-only disk, a name too long) is found before the work, not after it."""
+    probe = temporary_path(pathlib.Path(path))
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as error:
+        raise UsageError(f"{flag} {path}: cannot write in {probe.parent}: {error.strerror}") from None
 
 
 # ---------------------------------------------------------------------------- generated blocks in documents
