@@ -100,12 +100,12 @@ def claimed(rounds_dir, output):
         os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     except OSError as error:
         if lock.exists():
-            raise UsageError(f"--output {output}: another compare.py runs with it ({lock}; none? remove it)") from None
+            raise UsageError(f"--output {output}: another compare.py holds it (remove {lock} if none runs)") from None
         raise UsageError(f"--output {output}: cannot write in {rounds_dir}: {error.strerror}") from None
     try:
         yield
     finally:
-        lock.unlink()
+        lock.unlink(missing_ok=True)  # removed by hand meanwhile
 
 
 def clear_rounds(args, output, rounds_dir):

@@ -400,7 +400,7 @@ def test_a_result_that_says_ok_without_a_positive_throughput_fails_its_round(tmp
     proc = run_compare(tmp_path, fake("a"), fake("b", ips=bad), "--rounds", 2)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("compare.py: round 2 (pair 1, B) failed: exit 0, its result ")
-    assert f"throughput.images_per_second" in proc.stderr and shown in proc.stderr.split("images_per_second")[1]
+    assert "throughput.images_per_second" in proc.stderr and shown in proc.stderr.split("images_per_second")[1]
     comparison = read_comparison(tmp_path / "cmp.json")
     assert (comparison["status"], comparison["pairs"], comparison["ratio"]) == ("failed", [], None)
     assert comparison["rounds"][-1]["images_per_second"] is None and comparison["failure"] in proc.stderr
@@ -418,10 +418,11 @@ def test_a_folder_named_like_a_round_file_is_refused_before_any_round(tmp_path, 
 
 
 def test_a_leftover_lock_is_named(tmp_path, fake):
-    (tmp_path / "cmp.rounds").mkdir()
-    (tmp_path / "cmp.rounds" / ".lock").touch()
+    lock = tmp_path / "cmp.rounds" / ".lock"
+    lock.parent.mkdir()
+    lock.touch()  # left by a run that was killed (SIGKILL), or held by one that runs
     proc = run_compare(tmp_path, fake("a"), fake("b"), "--rounds", 2, "--overwrite")
-    assert_refused_before_any_round(proc, tmp_path, f"another compare.py runs with it ({tmp_path / 'cmp.rounds'}")
+    assert_refused_before_any_round(proc, tmp_path, f"another compare.py holds it (remove {lock} if none runs)")
 
 
 def test_two_runs_with_one_output_the_second_is_refused_at_once(tmp_path, fake):
@@ -438,7 +439,7 @@ def test_two_runs_with_one_output_the_second_is_refused_at_once(tmp_path, fake):
     go.touch()
     out, err = first.communicate(timeout=120)
     assert second.returncode == 2 and second.stdout == "" and second.stderr.count("\n") == 1, second.stderr
-    assert "another compare.py runs with it" in second.stderr
+    assert "another compare.py holds it" in second.stderr
     assert first.returncode == 0, err
     assert calls(tmp_path) == ["a1", "b1", "b1", "a1"]
     comparison = read_comparison(tmp_path / "cmp.json")
