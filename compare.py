@@ -1,33 +1,18 @@
 """How fast is B against A? Two benchmark commands, run alternately on one machine, with a 95 % interval.
 
-Each round is a whole run of a benchmark script that writes its own result: compare.py adds `--output
-<rounds folder>/<a|b>-<pair>.json` to the command and reads the result's `throughput.images_per_second`. Pairs
-run in ABBA order (pair 1: A B, pair 2: B A, pair 3: A B, ...), so that a drift of the machine's pace hits both.
+    python compare.py --a 'python ddp_resnet50.py' --b 'python ddp_resnet50.py --compile' --rounds 30 \\
+        --until-interval 1 --max-minutes 20 --output cmp.json
 
-    # an option against the default, one GPU
-    python compare.py --a 'python ddp_resnet50.py' --b 'python ddp_resnet50.py --compile' --rounds 5 --output cmp.json
-    # host-bound: the twin against native at 32 images, until the interval is within +-1 %, for at most 20 minutes
-    python compare.py --a 'python ddp_resnet50.py --batch-size-per-device 32' \\
-        --b 'python lightning/ddp_resnet50.py --batch-size-per-device 32' \\
-        --rounds 30 --until-interval 1 --max-minutes 20 --output twin-32.json
-    # all GPUs of a node; leading NAME=value words set a command's environment
-    python compare.py --a 'torchrun --standalone --nproc-per-node 8 ddp_resnet50.py' \\
-        --b 'NCCL_P2P_DISABLE=1 torchrun --standalone --nproc-per-node 8 ddp_resnet50.py' --rounds 4 --output p2p.json
-    # inside a Slurm allocation (slurm/compare.sbatch submits one)
-    python compare.py --a 'srun python ddp_resnet50.py' --b 'srun python ddp_resnet50.py --cuda-graphs' ...
-
-Numbers: each pair gives B/A of its two rounds' img/s; `ratio` is the geometric mean of the pair ratios and
-`interval_95` its 95 % interval (Student's t on their logarithms: the pairs are the repeats). Every round must run
-on the hosts and GPUs of its side's first round, and one side's GPUs must be among the other's (one GPU against
-two of one machine is a comparison, two machines are not). A and B may differ in commit or software: the result
-lists it in `differences`. Output: FILE.json (schema/compare.schema.json) and FILE.rounds/ beside it (each round's
-result and log). Exit codes: 0 done, 1 a round failed (the comparison so far is written, status "failed"), 2 bad
-input or rounds on different machines (one line, no comparison written), 130 interrupted by a signal.
+Each round is a whole run of a side's command (leading NAME=value words set its environment) with `--output
+FILE.rounds/<a|b>-<pair>.json` added, in ABBA order (A B, B A, A B, ...) so that a drift of the machine hits both.
+`ratio` is the geometric mean of the pairs' B/A img/s, `interval_95` its 95 % interval (Student's t on their logs).
+Every round runs on its side's first round's hosts and GPUs, one side's among the other's; A and B may differ in commit
+or software (`differences`). Output: FILE.json (schema/compare.schema.json) and FILE.rounds/, which one run holds at a
+time. Exit codes: 0 done; 1 a round failed (the comparison so far is written) or the comparison could not be written
+(the verdict is printed); 2 bad input, an output that cannot be written or rounds on different machines (one line;
+before any round where it can be told); 130 interrupted.
 """
-import argparse
 import contextlib
-import datetime
-import json
 import math
 import os
 import pathlib
@@ -38,29 +23,22 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "lib"))
+from analysis import (EXIT_FAILED, SOFTWARE, OneLineArgumentParser, UsageError, build_of,  # noqa: E402
+                      check_writable, describe_machine, machine_of, read_result_file, result_validator, run_cli,
+                      write_json_atomically)
+
+EXIT_CODES = {"ok": 0, "failed": EXIT_FAILED, "interrupted": 130}
 ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+UTC = "%Y-%m-%dT%H:%M:%SZ"
 ROUND_FILE = re.compile(r"^[ab]-\d+\.(json|log)$")
-SOFTWARE = ("python", "torch", "cuda", "nccl", "torchvision", "lightning", "fairscale")
-# Student's t, two-sided 95 % (the 0.975 quantile), for 1 to 30 degrees of freedom
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-class UsageError(Exception):
-    """Bad input, or rounds that are no like-for-like comparison: one line, exit 2."""
+ORDER = {0: ("b", "a"), 1: ("a", "b")}  # ABBA: pair % 2 gives the order of the pair's sides, odd pairs A first
 
 
 class RoundFailed(Exception):
     """A round's command failed or its result is not ok: the comparison stops there."""
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
 
 
 def parse_arguments(argv):
@@ -76,10 +54,9 @@ def parse_arguments(argv):
     args = parser.parse_args(argv)
     if args.rounds < 2:
         raise UsageError(f"--rounds {args.rounds}: an interval needs at least 2 pairs")
-    if args.until_interval is not None and not args.until_interval > 0:
-        raise UsageError(f"--until-interval {args.until_interval}: give a width in per cent above 0")
-    if args.max_minutes is not None and not args.max_minutes > 0:
-        raise UsageError(f"--max-minutes {args.max_minutes}: give minutes above 0")
+    for flag, value in (("--until-interval", args.until_interval), ("--max-minutes", args.max_minutes)):
+        if value is not None and not value > 0:
+            raise UsageError(f"{flag} {value}: give a number above 0")
     return args
 
 
@@ -102,38 +79,57 @@ def parse_command(text, flag):
     return environment, words
 
 
-def prepare_output(args):
-    """The comparison's path and its empty rounds folder."""
+def output_paths(args):
+    """The comparison's path and its rounds folder's."""
     output = pathlib.Path(args.output)
     if output.suffix != ".json":
         raise UsageError(f"--output {output}: name a .json file (its rounds go beside it, in a .rounds folder)")
-    rounds_dir = output.with_suffix(".rounds")
     if (output.exists() or output.is_symlink()) and not args.overwrite:
         raise UsageError(f"--output {output} exists: pass --overwrite to replace it")
     if output.is_dir():
         raise UsageError(f"--output {output} is a folder")
-    old_rounds = [path for path in rounds_dir.glob("*") if ROUND_FILE.match(path.name)]
-    if old_rounds and not args.overwrite:
-        raise UsageError(f"{rounds_dir} holds another comparison's rounds: pass --overwrite to replace them")
+    return output, output.with_suffix(".rounds")
+
+
+@contextlib.contextmanager
+def claimed(rounds_dir, output):
+    """The rounds folder's .lock file while the comparison runs: a second run with the same --output is refused."""
+    lock = rounds_dir / ".lock"
     try:
         rounds_dir.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     except OSError as error:
-        raise UsageError(f"--output {output}: cannot make {rounds_dir}: {error.strerror}") from None
+        if lock.exists():
+            raise UsageError(f"--output {output}: another compare.py holds it (remove {lock} if none runs)") from None
+        raise UsageError(f"--output {output}: cannot write in {rounds_dir}: {error.strerror}") from None
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)  # removed by hand meanwhile
+
+
+def clear_rounds(args, output, rounds_dir):
+    """Remove an old comparison's rounds (--overwrite) once the comparison's folder has taken a file."""
+    old_rounds = [path for path in rounds_dir.iterdir() if ROUND_FILE.match(path.name)]
+    if old_rounds and not args.overwrite:
+        raise UsageError(f"{rounds_dir} holds another comparison's rounds: pass --overwrite to replace them")
     for path in old_rounds:
-        path.unlink()
-    return output, rounds_dir
+        if path.is_dir():
+            raise UsageError(f"{path} is a folder, not a round's file: remove it or choose another --output")
+    check_writable(output)
+    for path in old_rounds:
+        try:
+            path.unlink()
+        except OSError as error:
+            raise UsageError(f"--overwrite: cannot remove {path}: {error.strerror}") from None
 
 
-def pair_order(pair):
-    """ABBA: odd pairs run A first, even pairs B first."""
-    return ("a", "b") if pair % 2 == 1 else ("b", "a")
-
-
-def t_975(degrees):
-    if degrees <= len(T_975):
-        return T_975[degrees - 1]
-    z = 1.959964  # beyond the table, the Cornish-Fisher expansion of t around the normal quantile
-    return z + (z ** 3 + z) / (4 * degrees) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * degrees ** 2)
+def student_t():
+    try:
+        from scipy import stats
+    except ImportError:
+        raise UsageError("compare.py needs scipy: pip install scipy (or pip install -e '.[report]')") from None
+    return stats.t
 
 
 def summarize(ratios):
@@ -144,7 +140,7 @@ def summarize(ratios):
     mean = statistics.fmean(logs)
     if len(logs) < 2:
         return math.exp(mean), None, None
-    half = t_975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    half = student_t().ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     return math.exp(mean), [math.exp(mean - half), math.exp(mean + half)], 100 * (math.exp(half) - 1)
 
 
@@ -155,15 +151,13 @@ def verdict(ratio, interval, pairs, noisy_rounds=0, rounds=0):
         return "no complete pair: no comparison"
     if interval is None:
         return f"B/A {ratio:.3f} from {counted}: no interval (it needs 2 pairs){noise}"
-    low, high = interval
-    if low <= 1 <= high:
-        return (f"no difference detectable at this noise: B is between {100 * (1 - low):.1f} % slower and "
-                f"{100 * (high - 1):.1f} % faster than A (95 % interval, {counted}{noise})")
-    if high < 1:
-        return (f"B is {100 * (1 - ratio):.1f} % slower than A "
-                f"(95 % interval {100 * (1 - high):.1f}–{100 * (1 - low):.1f} %, {counted}{noise})")
-    return (f"B is {100 * (ratio - 1):.1f} % faster than A "
-            f"(95 % interval {100 * (low - 1):.1f}–{100 * (high - 1):.1f} %, {counted}{noise})")
+    low, high = (100 * abs(end - 1) for end in interval)
+    if interval[0] <= 1 <= interval[1]:
+        return (f"no difference detectable at this noise: B is between {low:.1f} % slower and {high:.1f} % faster "
+                f"than A (95 % interval, {counted}{noise})")
+    near, far = sorted((low, high))
+    return (f"B is {100 * abs(ratio - 1):.1f} % {'faster' if ratio > 1 else 'slower'} than A "
+            f"(95 % interval {near:.1f}–{far:.1f} %, {counted}{noise})")
 
 
 def last_line(path):
@@ -172,8 +166,7 @@ def last_line(path):
 
 
 def run_to_end(argv, environment, log):
-    """The command's exit code; when compare.py is interrupted, the command gets SIGTERM and time to write its
-    result (the scripts stop every rank after the same step and keep the steps so far)."""
+    """The command's exit code; when compare.py is interrupted, the command gets SIGTERM and a minute to finish."""
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                env={**os.environ, **environment})
     try:
@@ -201,61 +194,41 @@ def run_round(command, side, pair, order, rounds_dir, folder):
               "noisy": None, "noise_reason": None}
     if not result_path.exists():
         raise RoundFailed(record, f"{name} failed: exit {code}, no result at {result_path}: {last_line(log_path)}")
-    try:
-        result = json.loads(result_path.read_text())
-    except ValueError as error:
-        raise RoundFailed(record, f"{name} failed: {result_path} is not JSON ({error})") from None
-    record["status"] = result.get("status")
-    record["images_per_second"] = (result.get("throughput") or {}).get("images_per_second")
-    stability = result.get("stability") or {}
-    record["noisy"], record["noise_reason"] = stability.get("noisy"), stability.get("reason")
-    if record["status"] != "ok" or code != 0 or not record["images_per_second"]:
-        reason = (result.get("failure") or {}).get("message") or last_line(log_path)
+    result, problem = read_result_file(result_path)  # the schema's rules: a positive, finite img/s where ok
+    if problem:
+        raise RoundFailed(record, f"{name} failed: exit {code}, its result {result_path}: {problem}")
+    record["status"] = result["status"]
+    record["images_per_second"] = (result["throughput"] or {}).get("images_per_second")
+    record["noisy"], record["noise_reason"] = ((result.get("stability") or {}).get(key) for key in ("noisy", "reason"))
+    if record["status"] != "ok" or code != 0:
+        reason = (result["failure"] or {}).get("message") or last_line(log_path)
         raise RoundFailed(record, f"{name} failed: exit {code}, status {record['status']}: {reason}")
     return record, result
-
-
-def machine_of(result):
-    hardware = result.get("hardware") or {}
-    ranks = hardware.get("ranks") or []
-    return {"hostnames": sorted(hardware.get("hostnames") or []),
-            "gpu_uuids": [rank.get("gpu_uuid") for rank in ranks if rank.get("gpu_uuid")],
-            "gpu_names": sorted({rank["gpu_name"] for rank in ranks if rank.get("gpu_name")}),
-            "cpu": hardware.get("cpu")}
-
-
-def describe(machine):
-    hosts = ", ".join(machine["hostnames"]) or "an unnamed host"
-    gpus = f"{', '.join(machine['gpu_names'])} {', '.join(machine['gpu_uuids'])}" if machine["gpu_uuids"] else "no GPU"
-    return f"{hosts} with {gpus} ({machine['cpu']})"
 
 
 def check_same_machine(machine, side, record, firsts):
     """Every round on its side's first round's hosts and GPUs; one side's hosts and GPUs among the other's."""
     name, other = f"round {record['order']} (pair {record['pair']}, {side.upper()})", "b" if side == "a" else "a"
     if side in firsts and machine != firsts[side]:
-        raise UsageError(f"{name} ran on {describe(machine)}, {side.upper()}'s first round on "
-                         f"{describe(firsts[side])}: compare on one machine")
+        raise UsageError(f"{name} ran on {describe_machine(machine)}, {side.upper()}'s first round on "
+                         f"{describe_machine(firsts[side])}: compare on one machine")
     if other in firsts and not nested(machine, firsts[other]):
-        raise UsageError(f"{name} ran on {describe(machine)}, {other.upper()}'s rounds on {describe(firsts[other])}: "
-                         f"compare on one machine")
+        raise UsageError(f"{name} ran on {describe_machine(machine)}, {other.upper()}'s rounds on "
+                         f"{describe_machine(firsts[other])}: compare on one machine")
     firsts.setdefault(side, machine)
 
 
 def nested(one, other):
     """True when one machine's hosts and GPUs are all among the other's, or the other way round."""
-    def within(small, large):
-        return (set(small["hostnames"]) <= set(large["hostnames"])
-                and set(small["gpu_uuids"]) <= set(large["gpu_uuids"]))
-    return one["cpu"] == other["cpu"] and (within(one, other) or within(other, one))
+    mine, theirs = ({*machine["hostnames"], *machine["gpu_uuids"]} for machine in (one, other))
+    return one["cpu"] == other["cpu"] and (mine <= theirs or theirs <= mine)
 
 
 def provenance(results):
     """Per side its first round's machine, git and software versions; what differs between A and B or in a side."""
     sides, differences = {}, []
     for side in ("a", "b"):
-        facts = [{"machine": machine_of(result), "git": result.get("git") or {},
-                  "software": {key: (result.get("software") or {}).get(key) for key in SOFTWARE}}
+        facts = [{"machine": machine_of(result), "git": result["git"], "software": build_of(result)["software"]}
                  for result_side, result in results if result_side == side]
         if facts:
             sides[side] = facts[0]
@@ -270,13 +243,13 @@ def provenance(results):
 
 
 def pairs_of(rounds):
-    """Complete pairs, each with its order, both img/s and B/A."""
+    """Complete pairs of good rounds, each with its order, both img/s and B/A."""
     pairs = []
     for pair in sorted({record["pair"] for record in rounds}):
-        sides = {record["side"]: record for record in rounds if record["pair"] == pair and record["status"] == "ok"}
+        sides = {record["side"]: record for record in rounds if record["pair"] == pair}
         if len(sides) == 2:
             a, b = sides["a"]["images_per_second"], sides["b"]["images_per_second"]
-            pairs.append({"pair": pair, "order": "".join(pair_order(pair)).upper(), "a_images_per_second": a,
+            pairs.append({"pair": pair, "order": "".join(ORDER[pair % 2]).upper(), "a_images_per_second": a,
                           "b_images_per_second": b, "ratio": b / a})
     return pairs
 
@@ -295,12 +268,13 @@ def run_comparison(args, commands, rounds_dir, folder):
     rounds, results, firsts = [], [], {}
     started = time.monotonic()
     stop = "rounds"
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a Slurm time limit or scancel: as Ctrl-C
     try:
         for pair in range(1, args.rounds + 1):
             if args.max_minutes is not None and time.monotonic() - started >= 60 * args.max_minutes:
                 stop = "max_minutes"
                 break
-            for side in pair_order(pair):
+            for side in ORDER[pair % 2]:
                 record, result = run_round(commands[side], side, pair, len(rounds) + 1, rounds_dir, folder)
                 check_same_machine(machine_of(result), side, record, firsts)
                 rounds.append(record)
@@ -316,11 +290,13 @@ def run_comparison(args, commands, rounds_dir, folder):
         return rounds, results, "failed", "failed", line
     except KeyboardInterrupt:
         return rounds, results, "interrupted", "interrupted", "interrupted by a signal"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return rounds, results, "ok", stop, None
 
 
 def build_comparison(args, rounds, results, status, stop, failure, started_at):
-    pairs = pairs_of(rounds)
+    pairs = pairs_of(rounds[:-1] if status == "failed" else rounds)  # a failed round is the last
     ratio, interval, half_width = summarize([pair["ratio"] for pair in pairs])
     sides, differences = provenance(results)
     noisy = sum(1 for record in rounds if record.get("noisy"))
@@ -334,65 +310,41 @@ def build_comparison(args, rounds, results, status, stop, failure, started_at):
             **{group: {side: facts[group] for side, facts in sides.items()}
                for group in ("machine", "git", "software")},
             "like_for_like": not differences, "differences": differences,
-            "started_at": started_at, "finished_at": utc_now()}
+            "started_at": started_at, "finished_at": time.strftime(UTC, time.gmtime())}
 
 
-def utc_now():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def write_atomically(path, document):
-    """A temporary file beside the target, then a rename: readers see the whole file or none."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(descriptor, 0o666 & ~umask)
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(document, handle, indent=1)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        pathlib.Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def interrupt(signum, frame):
-    raise KeyboardInterrupt()  # SIGTERM (a Slurm time limit, scancel) ends the comparison as Ctrl-C does
-
-
-def main(argv=None):
-    args = parse_arguments(argv)
-    commands = {"a": parse_command(args.a, "--a"), "b": parse_command(args.b, "--b")}
-    output, rounds_dir = prepare_output(args)
-    started_at = utc_now()
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        rounds, results, status, stop, failure = run_comparison(args, commands, rounds_dir, output.parent)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    comparison = build_comparison(args, rounds, results, status, stop, failure, started_at)
-    write_atomically(output, comparison)
-    if failure:
-        print(f"compare.py: {failure}", file=sys.stderr, flush=True)
+def tell(comparison, output, unwritten):
+    if comparison["failure"]:
+        print(f"compare.py: {comparison['failure']}", file=sys.stderr, flush=True)
     ratios = ", ".join(f"{pair['ratio']:.3f}" for pair in comparison["pairs"])
     print(f"B/A per pair: {ratios or '-'}")
     print(comparison["verdict"])
     if comparison["differences"]:
         print(f"not like for like: {'; '.join(comparison['differences'])}")
-    print(f"comparison: {output} ({status}, stopped by {stop})", flush=True)
-    return {"ok": 0, "failed": EXIT_FAILED, "interrupted": EXIT_INTERRUPTED}[status]
+    if unwritten:
+        print(f"compare.py: error: {unwritten}; the rounds are in {output.with_suffix('.rounds')}", file=sys.stderr)
+    else:
+        print(f"comparison: {output} ({comparison['status']}, stopped by {comparison['stop_reason']})")
 
 
-def run_guarded():
-    try:
-        sys.exit(main())
-    except UsageError as error:
-        print(f"compare.py: error: {error}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USAGE)
+def main(argv=None):
+    args = parse_arguments(argv)
+    commands = {"a": parse_command(args.a, "--a"), "b": parse_command(args.b, "--b")}
+    student_t(), result_validator()  # the libraries that the statistics and the rounds' results need
+    output, rounds_dir = output_paths(args)
+    with claimed(rounds_dir, output):
+        clear_rounds(args, output, rounds_dir)
+        started_at = time.strftime(UTC, time.gmtime())
+        outcome = run_comparison(args, commands, rounds_dir, output.parent)
+        comparison = build_comparison(args, *outcome, started_at)
+        try:
+            write_json_atomically(output, comparison, overwrite=args.overwrite)
+            unwritten = None
+        except (OSError, UsageError) as error:  # a full disk; UsageError: another run wrote the file meanwhile
+            unwritten = f"cannot write {output}: {getattr(error, 'strerror', None) or error}"
+    tell(comparison, output, unwritten)
+    return EXIT_FAILED if unwritten else EXIT_CODES[comparison["status"]]
 
 
 if __name__ == "__main__":
-    run_guarded()
+    run_cli(main, "compare.py")

@@ -6,8 +6,8 @@
     python report.py runs/s-*.json --sharding                   # only the sharding tables of oss_benchmark.py
     python report.py results --markdown docs/results.md         # regenerate the committed report
     python report.py results --check-markdown docs/results.md   # exit 1 when that file is stale
-    python report.py --answers                                  # regenerate the documents' answer tables
-    python report.py --check-answers                            # exit 1 when one of them is stale
+    python report.py --docs                                     # regenerate the documents' generated blocks
+    python report.py --check-docs                               # exit 1 when one of them is stale
 
 Inputs are result files or folders, searched recursively for *.json (hidden files, such as a run's half-written
 .tmp-*.json, are left out). Each file is validated with schema/result.schema.json (versions 1 and 2); a file that
@@ -55,16 +55,14 @@ of one configuration are repeats: the check compares with their median. A curren
 reported with the fields in which the nearest reference differs; when that leaves nothing checked and nothing
 failed, the reference is incomparable (exit 2).
 
-Generated answers: README.md, docs/performance.md, docs/sharding.md and lightning/README.md hold tables between
-<!-- answers:NAME --> and <!-- /answers:NAME --> that --answers regenerates from the committed results (results/)
-following the pairing rules; --check-answers exits 1 when one differs.
+Generated blocks: the documents (README.md, docs/*.md, lightning/README.md) hold tables between
+<!-- generated:NAME --> and <!-- /generated:NAME -->; --docs regenerates every one of them (report.py's from the
+committed results, following the pairing rules, and scaling_model.py's sections); --check-docs exits 1 when one
+differs.
 
 Exit codes: 0 fine, 1 regression or stale file, 2 unusable invocation (one line on stderr).
 """
 
-import argparse
-import contextlib
-import functools
 import hashlib
 import json
 import math
@@ -73,18 +71,18 @@ import pathlib
 import re
 import statistics
 import sys
-import tempfile
 from collections import defaultdict, namedtuple
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "lib"))
+from analysis import (EXIT_FAILED, EXIT_OK, REPOSITORY, OneLineArgumentParser,  # noqa: E402
+                      UsageError, build_of, check_documents, devices_of, is_number, read_inputs, run_cli, same_build,
+                      update_documents, write_atomically)
+
 SCHEMA_VERSION = 2  # the version upgrade() turns every result into
-READABLE_VERSIONS = (1, 2)
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 NATIVE, LIGHTNING, OSS = "ddp_resnet50.py", "lightning/ddp_resnet50.py", "oss_benchmark.py"
 # oss_benchmark.py's strategies from the plainest to the most sharded; others follow alphabetically.
 SHARDING_ORDER = ("ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "zero1_overlap", "fsdp_zero2", "fsdp_zero3")
 COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
-REPOSITORY = pathlib.Path(__file__).resolve().parent
-SCHEMA_PATH = REPOSITORY / "schema" / "result.schema.json"
 NO_RESULTS = ("No results committed yet: run the benchmarks on a GPU machine, put the result files under "
               "`results/<machine kind>-<date>/` (see `results/README.md`) and run "
               "`python report.py results --markdown docs/results.md`.")
@@ -112,7 +110,6 @@ DDP_OPTIONS = ("bucket_cap_mb", "gradient_as_bucket_view", "broadcast_buffers", 
 STRATEGY_OPTIONS = {"fsdp_units": ("fsdp_zero2", "fsdp_zero3"), "fsdp_param_dtype": ("fsdp_zero2", "fsdp_zero3"),
                     "sharded_reduce_buffer": ("oss_sharded_ddp",)}
 TORCH_CUDNN_BENCHMARK_LIMIT = 10  # torch.backends.cudnn.benchmark_limit's default (seen in torch 2.11 and 2.14)
-SOFTWARE = ("torch", "cuda", "cudnn", "nccl", "torchvision", "lightning", "fairscale")
 
 SETUP_FIELDS = ("device", "device_name", "torch", "model", "image_size", "precision", "memory_format",
                 "compile_mode", "optimizer")
@@ -147,144 +144,6 @@ NOT_OPTIONS = {"benchmark", "strategy", "device", "backend", "model", "image_siz
                # from the optimizer and momentum).
                "optimizer_state_tensors_per_parameter",
                "phase_steps", "profile_steps", "trace_dir", "strategies_in_launch", "optimizer_kwargs"}
-# A list of plain values longer than this is validated through a sample (schema_sample).
-SAMPLED_LIST_LENGTH = 16
-
-
-class UsageError(Exception):
-    """An invocation this report cannot serve: one line on stderr, exit 2."""
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
-# ---------------------------------------------------------------------------- reading results
-
-def find_result_files(paths):
-    files, seen = [], set()
-    for given in paths:
-        path = pathlib.Path(given)
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*.json")
-                           if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
-        elif path.is_file():
-            found = [path]
-        else:
-            raise UsageError(f"{given}: no such file or folder")
-        for file in found:
-            if file.resolve() not in seen:
-                seen.add(file.resolve())
-                files.append(file)
-    return files
-
-
-def is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def is_harness_cost(document):
-    """A measurement of tools/harness_cost.py (the loop's own cost, docs/performance.md), not a benchmark result."""
-    return isinstance(document, dict) and document.get("tool") == "harness_cost" and "ratio_pooled" in document
-
-
-def is_comparison(document):
-    """A comparison file of compare.py (B against A over paired rounds), not a benchmark result."""
-    return isinstance(document, dict) and (document.get("tool") == "compare.py"
-                                           or {"ratio", "interval_95", "rounds"} <= document.keys())
-
-
-@functools.lru_cache(maxsize=1)
-def result_validator():
-    try:
-        import jsonschema
-    except ImportError:
-        raise UsageError("reading result files needs jsonschema: pip install jsonschema "
-                         "(or pip install -e '.[report]')") from None
-    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text(encoding="utf-8")))
-
-
-def schema_sample(value):
-    """The document with each long list of plain values cut to a sample: one value of each type, and the smallest
-    and largest number. The schema's rules on such lists (step times, losses, host leads) are per-value types and
-    bounds, so the sample breaks a rule exactly when the list does, and validation takes a fraction of the time."""
-    if isinstance(value, dict):
-        return {key: schema_sample(item) for key, item in value.items()}
-    if not isinstance(value, list):
-        return value
-    if len(value) <= SAMPLED_LIST_LENGTH or any(isinstance(item, (dict, list)) for item in value):
-        return [schema_sample(item) for item in value]
-    kinds = {}
-    for item in value:
-        kinds.setdefault(type(item), item)
-    numbers = [item for item in value if type(item) in (int, float)]
-    return list(kinds.values()) + ([min(numbers), max(numbers)] if numbers else [])
-
-
-def schema_problem(document):
-    """The first rule of the schema that the document breaks, in one short phrase, or None."""
-    validator = result_validator()
-    if validator.is_valid(schema_sample(document)):
-        return None
-    import jsonschema
-    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
-    where = ".".join(map(str, error.absolute_path)) or "the top level"
-    message = error.message if len(error.message) <= 100 else error.message[:97] + "..."
-    return f"{where}: {message}"
-
-
-def semantic_problem(result):
-    """Rules the schema cannot state: fields that must agree with each other, figures that must be finite."""
-    config, world = result["config"], result["world"]
-    for field in ("benchmark", "strategy"):
-        if config[field] != result[field]:
-            return f"config.{field} {config[field]!r} differs from {field} {result[field]!r}"
-    if config["global_batch_size"] != config["batch_size_per_device"] * world["world_size"]:
-        return "config.global_batch_size is not config.batch_size_per_device x world.world_size"
-    throughput = result.get("throughput") or {}
-    for field in ("images_per_second", "rank0_median_images_per_second", "rank0_mad_images_per_second"):
-        if field in throughput and not is_number(throughput[field]):
-            return f"throughput.{field} is {throughput[field]!r}, not a finite number"
-    return None
-
-
-def document_problem(document):
-    """Why a parsed JSON document cannot be read as a result, or None."""
-    if not isinstance(document, dict) or "schema_version" not in document:
-        return "not a benchmark result (no schema_version)"
-    if document["schema_version"] not in READABLE_VERSIONS:
-        return (f"schema_version {document['schema_version']!r}, this report reads versions "
-                f"{' and '.join(map(str, READABLE_VERSIONS))}")
-    return schema_problem(document) or semantic_problem(document)
-
-
-def read_json(path):
-    """(document, None) or (None, why it cannot be read)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        return None, f"cannot be read ({error.__class__.__name__}: {error})"
-    try:
-        return json.loads(text), None
-    except RecursionError:
-        return None, "not readable JSON (nested too deeply)"
-    except ValueError as error:
-        return None, f"not JSON ({error})"
-
-
-def read_result_file(path):
-    """(result in the current format, None) or (None, why it was skipped)."""
-    document, problem = read_json(pathlib.Path(path))
-    if problem:
-        return None, problem
-    if is_comparison(document):
-        return None, "a comparison (compare.py), not a result"
-    try:
-        problem = document_problem(document)
-    except RecursionError:
-        problem = "nested too deeply"
-    return (None, problem) if problem else (upgrade(document, path), None)
 
 
 # ---------------------------------------------------------------------------- older formats
@@ -369,18 +228,6 @@ def unrecorded_options(config, benchmark, world_size, environment=None):
 
 # ---------------------------------------------------------------------------- runs
 
-def devices_of(result):
-    """What identifies the machine a run used: its GPUs' UUIDs, or on the CPU its hosts with their CPU model;
-    empty where the result does not say (a run that failed before it looked at its hardware)."""
-    hardware = result.get("hardware") or {}
-    if result["config"]["device"] == "cuda":
-        uuids = [rank.get("gpu_uuid") for rank in hardware.get("ranks") or [] if isinstance(rank, dict)]
-        known = uuids and all(isinstance(uuid, str) and uuid for uuid in uuids)
-        return frozenset(uuids) if known else frozenset()
-    hosts = [host for host in hardware.get("hostnames") or [] if isinstance(host, str)]
-    return frozenset(f"{host} ({hardware.get('cpu')})" for host in hosts)
-
-
 def device_name_of(config, hardware):
     if config["device"] == "cpu":
         return f"CPU ({hardware['cpu']})" if hardware.get("cpu") else None
@@ -437,8 +284,7 @@ def make_run(path, result):
             "mfu": efficiency.get("mfu") if efficiency.get("peak_tflops_per_device") else None,
             "step_times_ms": [t for times in result.get("step_times_ms_per_rank") or [] for t in times],
             "launch_id": result["launch_id"], "devices": devices_of(result),
-            "commit": (result.get("git") or {}).get("commit"),
-            "software": {name: software.get(name) for name in SOFTWARE},
+            **build_of(result),
             "analysis": result.get("analysis"), "machine": None}
 
 
@@ -483,29 +329,9 @@ def assign_machines(runs):
 
 
 def load_documents(paths, what="input"):
-    """(runs, comparisons): every readable result under paths and every compare.py comparison; prints a warning
-    for each other file skipped. When every file found is skipped, one UsageError says so instead."""
-    runs, comparisons, skipped = [], [], []
-    for path in find_result_files(paths):
-        document, problem = read_json(path)
-        if problem is None and is_comparison(document):
-            comparisons.append((path, document))
-            continue
-        if problem is None and is_harness_cost(document):  # read by no table: the documents cite it
-            continue
-        result, problem = read_result_file(path) if problem is None else (None, problem)
-        if problem:
-            skipped.append((path, problem))
-        else:
-            runs.append(make_run(path, result))
-    if skipped and not runs and not comparisons:
-        named = "; ".join(f"{path}: {problem}" for path, problem in skipped[:3])
-        more = f"; {len(skipped) - 3} more" if len(skipped) > 3 else ""
-        count = f"{len(skipped)} file{'s' * (len(skipped) > 1)}"
-        raise UsageError(f"{'--check-against ' if what == 'reference' else ''}{', '.join(map(str, paths))}: "
-                         f"no valid result file, {count} skipped as invalid ({named}{more})")
-    for path, problem in skipped:
-        print(f"report.py: warning: {what} {path}: skipped: {problem}", file=sys.stderr)
+    """(runs, comparisons): every readable result under paths as a run, and every compare.py comparison."""
+    results, comparisons = read_inputs(paths, "report.py", what)
+    runs = [make_run(path, upgrade(result, path)) for path, result in results]
     return assign_machines(name_unknown_gpus(runs)), comparisons
 
 
@@ -514,13 +340,6 @@ def load_runs(paths, what="input"):
 
 
 # ---------------------------------------------------------------------------- pairing rules
-
-def same_build(a, b):
-    """The same commit and the same version of every package both results record."""
-    return a["commit"] == b["commit"] and all(
-        a["software"][name] == b["software"][name] for name in SOFTWARE
-        if a["software"][name] is not None and b["software"][name] is not None)
-
 
 def unlike(run, base, scaling=False):
     """None where run may be divided by base (like for like), else why not, in words. Same machine: the same
@@ -1454,9 +1273,6 @@ def plot_memory(plt, rows, labels, title):
 
 # ---------------------------------------------------------------------------- generated answers
 
-ANSWER_DOCUMENTS = ("README.md", "docs/performance.md", "docs/sharding.md", "lightning/README.md")
-ANSWER_BLOCK = re.compile(r"(?P<open><!-- answers:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)"
-                          r"(?P<close><!-- /answers:(?P=name) -->)", re.DOTALL)
 ANY = object()  # a setting an answer does not restrict
 # What the native script runs without options on one H200 (upgraded results record every one of these).
 DEFAULT_RUN = {"benchmark": NATIVE, "strategy": "ddp", "device": "cuda", "model": "resnet50", "image_size": 224,
@@ -1862,52 +1678,23 @@ def comparisons_answers(e):
     return table(["B / A", "B / A throughput", "GPU", "file"], rows)
 
 
-def answer_blocks(evidence_of):
-    """{name: (document, text)} of every generated block."""
-    return {"summary": ("README.md", summary_answers(evidence_of("README.md"))),
-            "summary-comparisons": ("README.md", comparisons_answers(evidence_of("README.md"))),
-            "comparisons": ("docs/performance.md", comparisons_answers(evidence_of("docs/performance.md"))),
-            "performance": ("docs/performance.md", performance_answers(evidence_of("docs/performance.md"))),
-            "one-gpu": ("docs/performance.md", one_gpu_answers(evidence_of("docs/performance.md"))),
-            "sharding": ("docs/sharding.md", sharding_answers(evidence_of("docs/sharding.md"))),
-            "lightning-cost": ("lightning/README.md", lightning_answers(evidence_of("lightning/README.md")))}
+def sections(runs, comparisons, root=REPOSITORY):
+    """{name: function of a document giving its generated block}: report.py's and scaling_model.py's."""
+    def answer(build):
+        return lambda document: build(Evidence(runs, document, root, comparisons))
+    return {"summary": answer(summary_answers), "summary-comparisons": answer(comparisons_answers),
+            "comparisons": answer(comparisons_answers), "performance": answer(performance_answers),
+            "one-gpu": answer(one_gpu_answers), "sharding": answer(sharding_answers),
+            "lightning-cost": answer(lightning_answers), **tool_module("scaling_model").SECTIONS}
 
 
-def regenerated(document, text, blocks):
-    """The document's text with each of its marked blocks replaced by its generated text."""
-    def replace(match):
-        name = match["name"]
-        if name not in blocks or blocks[name][0] != document:
-            raise UsageError(f"{document}: no generated answers named {name!r}")
-        return f"{match['open']}{blocks[name][1].rstrip()}\n{match['close']}"
-    return ANSWER_BLOCK.sub(replace, text)
-
-
-def answers(runs, check, root=REPOSITORY, comparisons=()):
-    """Regenerate (or check) the marked blocks of the answer documents under root; returns the exit code."""
-    blocks = answer_blocks(lambda document: Evidence(runs, document, root, comparisons))
-    found, stale = set(), []
-    for document in ANSWER_DOCUMENTS:
-        path = pathlib.Path(root) / document
-        old = read_text(path, "--answers")
-        found |= {match["name"] for match in ANSWER_BLOCK.finditer(old)}
-        new = regenerated(document, old, blocks)
-        if new == old:
-            continue
-        if check:
-            stale.append(document)
-        else:
-            write_text(path, new, "--answers")
-            print(f"wrote {document}")
-    missing = sorted(set(blocks) - found)
-    if missing:
-        raise UsageError(f"no markers for the generated answers {', '.join(missing)} in {', '.join(ANSWER_DOCUMENTS)}")
-    if stale:
-        print(f"stale generated answers in {', '.join(stale)}: run python report.py --answers", file=sys.stderr)
-        return EXIT_FAILED
-    if check:
-        print(f"the generated answers in {', '.join(ANSWER_DOCUMENTS)} agree with the results")
-    return EXIT_OK
+def tool_module(name):
+    """Another analysis tool of the repository (scaling_model.py), imported from its file."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, REPOSITORY / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # ---------------------------------------------------------------------------- regression check
@@ -2039,27 +1826,6 @@ def check_against(runs, reference_runs, tolerance, reference_path):
 
 # ---------------------------------------------------------------------------- files
 
-def write_atomically(path, text):
-    """Write text to path through a temporary file beside it, synced, then renamed over it: a full disk or a kill
-    leaves the old file whole. The new file takes the old one's permissions, else those the umask allows."""
-    path = pathlib.Path(path)
-    umask = os.umask(0)
-    os.umask(umask)
-    mode = path.stat().st_mode & 0o777 if path.is_file() else 0o666 & ~umask
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
 def markdown_document(runs, out, inputs, comparisons=()):
     """The report as a Markdown file at out: paths relative to the repository when out lies in it (else to out's
     folder), so that the file is the same wherever the command runs, and a first line that says how to remake it."""
@@ -2101,20 +1867,18 @@ def parse_arguments(argv=None):
     parser.add_argument("--tolerance", help="allowed throughput drop and memory rise, 5%% or 0.05 (default 5%%)")
     parser.add_argument("--check-markdown", metavar="FILE.md", help="exit 1 when this file differs from what "
                                                                    "--markdown would write there")
-    parser.add_argument("--answers", action="store_true", help="regenerate the marked answer tables of README.md, "
-                                                               "docs/performance.md, docs/sharding.md and "
-                                                               "lightning/README.md from the results (default: "
-                                                               "results/)")
-    parser.add_argument("--check-answers", action="store_true", help="exit 1 when one of those tables differs from "
-                                                                     "what --answers would write")
+    parser.add_argument("--docs", action="store_true", help="regenerate every generated block of the documents "
+                                                            "(report.py's from results/, and scaling_model.py's)")
+    parser.add_argument("--check-docs", action="store_true", help="exit 1 when a generated block differs from what "
+                                                                  "--docs would write")
     parser.add_argument("--validation", metavar="V.json", help="with --plots: also plot predicted against measured "
                         "efficiency from scaling_model.py --validate's JSON (scaling-predicted-vs-measured.png)")
     args = parser.parse_args(argv)
-    answering = args.answers or args.check_answers
+    answering = args.docs or args.check_docs
     if args.validation and not args.plots:
         raise UsageError("--validation needs --plots: it is a plot")
     if answering and (args.markdown or args.sharding or args.plots or args.check_against):
-        raise UsageError("--answers and --check-answers combine only with --check-markdown")
+        raise UsageError("--docs and --check-docs combine only with --check-markdown")
     if answering and not args.paths:
         args.paths = [str(REPOSITORY / "results")]
     if not args.paths:
@@ -2129,18 +1893,14 @@ def parse_arguments(argv=None):
 
 def plot_scaling_validation(validation_path, directory):
     """scaling_model.py's own plot of its --validate JSON: predicted against measured efficiency of every run."""
-    import importlib.util
     try:
         validation = json.loads(pathlib.Path(validation_path).read_text())
     except (OSError, ValueError) as error:
         raise UsageError(f"--validation {validation_path}: not a readable JSON file ({error})") from None
     if not isinstance(validation, dict) or not isinstance(validation.get("runs"), list):
         raise UsageError(f"--validation {validation_path}: not scaling_model.py --validate's JSON (no runs)")
-    spec = importlib.util.spec_from_file_location("scaling_model", REPOSITORY / "scaling_model.py")
-    model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(model)
     path = pathlib.Path(directory) / "scaling-predicted-vs-measured.png"
-    model.plot_predicted_against_measured(validation, path)
+    tool_module("scaling_model").plot_predicted_against_measured(validation, path)
     return path
 
 
@@ -2158,7 +1918,7 @@ def check_markdown_file(runs, comparisons, args):
 def main(argv=None):
     args = parse_arguments(argv)
     runs, comparisons = load_documents(args.paths)
-    file_mode = args.markdown or args.check_markdown or args.answers or args.check_answers
+    file_mode = args.markdown or args.check_markdown or args.docs or args.check_docs
     # A Markdown file may say that there are no results yet; every other use needs some.
     if not runs and not file_mode:
         raise UsageError(f"no result files in {', '.join(args.paths)}")
@@ -2172,14 +1932,16 @@ def main(argv=None):
         prepare_plots(args.plots)
     if args.check_markdown:
         status = check_markdown_file(runs, comparisons, args)
-    if args.answers or args.check_answers:
-        status = max(status, answers(runs, check=args.check_answers, comparisons=comparisons))
+    if args.docs:
+        update_documents(sections(runs, comparisons))
+    if args.check_docs:
+        status = max(status, check_documents(sections(runs, comparisons)))
     if args.markdown:
         write_text(args.markdown, markdown_document(runs, args.markdown, args.paths, comparisons)[0], "--markdown")
         print(f"wrote {args.markdown}")
     elif args.sharding:
         print(render_sharding(runs, pathlib.Path.cwd()), end="")
-    elif not (args.check_markdown or args.answers or args.check_answers):
+    elif not (args.check_markdown or args.docs or args.check_docs):
         print(render_markdown(runs, pathlib.Path.cwd(), heading="##", comparisons=comparisons), end="")
     if args.plots:
         written, notes = write_plots(runs, args.plots)
@@ -2195,16 +1957,6 @@ def main(argv=None):
             print(line, file=sys.stderr if line.startswith("report.py:") else sys.stdout)
         status = max(status, code)
     return status
-
-
-def run_cli(main, program):
-    """Run a command-line main(): its exit code, or bad input as one line and exit 2 (report.py and the tools
-    that read results with it)."""
-    try:
-        sys.exit(main())
-    except UsageError as error:
-        print(f"{program}: error: {error}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
 
 
 if __name__ == "__main__":

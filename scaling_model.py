@@ -7,6 +7,7 @@ the predictions against the committed multi-rank runs.
     python scaling_model.py --validate results/ --json validation.json --plot validation.png
     python scaling_model.py --markdown-section validation                 # a table of docs/scaling.md
     python scaling_model.py --check-doc docs/scaling.md                   # exit 1 when a generated table is stale
+                                          # (python report.py --check-docs checks every document's tables)
 
 RESULT: one-GPU results of ddp_resnet50.py or its Lightning twin (one per GPU, e.g. a run on each GPU of a node).
 For each strategy (ddp, oss_ddp, oss_sharded_ddp, zero1, zero1_overlap, fsdp_zero2, fsdp_zero3):
@@ -27,25 +28,26 @@ Exit codes: 0 ok (and --check-doc: the document is current), 1 a stale document,
 """
 
 import argparse
-import contextlib
 import functools
+import io
 import itertools
 import json
 import math
-import os
 import pathlib
 import re
 import statistics
 import sys
-import tempfile
 from dataclasses import dataclass
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "lib"))
+from analysis import (OneLineArgumentParser, UsageError, check_documents, find_result_files, load_json,  # noqa: E402
+                      rank_devices, read_json, run_cli, update_documents, write_atomically, write_json_atomically)
 
 PROG = "scaling_model.py"
 ROOT = pathlib.Path(__file__).resolve().parent
 STRATEGIES = ("ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "zero1_overlap", "fsdp_zero2", "fsdp_zero3")
 ONE_GPU_BENCHMARKS = ("ddp_resnet50.py", "lightning/ddp_resnet50.py")
 BENCHMARKS = (*ONE_GPU_BENCHMARKS, "oss_benchmark.py")
-EXIT_USAGE, EXIT_STALE = 2, 1
 
 # NCCL's fixed start-up latency of a Simple-protocol ring or tree (us): nccl src/graph/tuning.cc, baseLat, as
 # reproduced in PyTorch's torch/_inductor/comm_analysis.py. A link's latency at its reference size is split into
@@ -88,15 +90,6 @@ OPTIMIZER_BYTES = {("sgd", "fused"): 5, ("sgd", "foreach"): 8, ("adam", "fused")
                    ("rmsprop", "fused"): 18}
 # oss_benchmark.py runs Adam and AdamW fused, SGD and RMSprop foreach, zero1_overlap always foreach.
 SUITE_IMPL = {"sgd": "foreach", "rmsprop": "foreach", "adam": "fused", "adamw": "fused"}
-
-
-class UsageError(Exception):
-    """Bad input: one line, exit code 2."""
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
 
 
 # ------------------------------------------------------------------------------------------------------- links
@@ -393,7 +386,7 @@ class Baseline:
         """Per GPU: the mean over GPUs of each GPU's mean over its runs."""
         per_gpu = {}
         for result in self.results:
-            per_gpu.setdefault(gpu_uuids(result)[0], []).append(result["throughput"]["images_per_second"])
+            per_gpu.setdefault(rank_devices(result)[0], []).append(result["throughput"]["images_per_second"])
         return statistics.fmean(statistics.fmean(values) for values in per_gpu.values())
 
     @property
@@ -405,7 +398,7 @@ class Baseline:
         """Timed step times (ms) pooled per GPU (by UUID)."""
         per_gpu = {}
         for result in self.results:
-            per_gpu.setdefault(gpu_uuids(result)[0], []).extend(result["step_times_ms_per_rank"][0])
+            per_gpu.setdefault(rank_devices(result)[0], []).extend(result["step_times_ms_per_rank"][0])
         return list(per_gpu.values())
 
     @property
@@ -416,11 +409,6 @@ class Baseline:
     @property
     def mean_sample_ms(self):
         return statistics.fmean(statistics.fmean(s) for s in self.samples_per_gpu())
-
-
-def gpu_uuids(result):
-    ranks = (result.get("hardware") or {}).get("ranks") or []
-    return [r.get("gpu_uuid") or r.get("hostname") or "cpu" for r in ranks] or ["cpu"]
 
 
 def expected_max_ms(samples_per_gpu, n):
@@ -656,18 +644,9 @@ def predict(strategy, n, baseline, workload, topology, local, backward_share=Non
 
 # ------------------------------------------------------------------------------------------------- reading input
 
-def read_json(path, what="result"):
-    try:
-        return json.loads(pathlib.Path(path).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"{path}: not a JSON {what} ({type(error).__name__})") from None
-
-
 def one_gpu_result(path):
     """A one-GPU run that the model can start from, or one line saying why not."""
-    result = read_json(path)
+    result = load_json(path, "result")
     if not isinstance(result, dict) or "config" not in result or "throughput" not in result:
         raise UsageError(f"{path}: not a benchmark result (no config or throughput)")
     world = (result.get("world") or {}).get("world_size", 1)
@@ -745,7 +724,7 @@ def topology_of(args, probe):
 
 def phase_profile_share(path, baseline):
     """The backward's share of the step from a one-GPU oss_benchmark.py run of the same workload (its phases)."""
-    result = read_json(path)
+    result = load_json(path, "result")
     phases = ((result.get("analysis") or {}).get("phases_ms") or {}) if isinstance(result, dict) else {}
     if world_size(result) != 1 or "backward" not in phases:
         raise UsageError(f"{path}: --phase-profile takes a one-GPU oss_benchmark.py result with its phases")
@@ -756,7 +735,7 @@ def phase_profile_share(path, baseline):
 
 
 def read_probe(path):
-    data = read_json(path, "probe")
+    data = load_json(path, "probe")
     probe = data.get("collective_probe", data) if isinstance(data, dict) else None
     if not isinstance(probe, dict) or not str(probe.get("schema", "")).startswith("collective_probe/"):
         raise UsageError(f"{path}: no collective_probe.py output (nor a result holding one)")
@@ -795,18 +774,14 @@ def workload_line(baseline):
 
 def result_files(folders):
     """Every result under the folders (hidden files and READMEs skipped), path relative to the repository."""
-    paths = []
     for folder in folders:
-        folder = pathlib.Path(folder)
-        if not folder.is_dir():
+        if not pathlib.Path(folder).is_dir():
             raise UsageError(f"--validate {folder}: not a folder")
-        paths.extend(p for p in folder.rglob("*.json") if not any(part.startswith(".") for part in p.parts[-1:]))
     loaded = []
-    for path in sorted(set(paths)):
-        with contextlib.suppress(OSError, ValueError):
-            data = json.loads(path.read_text())
-            if isinstance(data, dict) and isinstance(data.get("config"), dict) and data.get("benchmark"):
-                loaded.append((relative(path), data))
+    for path in sorted(find_result_files(folders)):
+        data, _ = read_json(path)
+        if isinstance(data, dict) and isinstance(data.get("config"), dict) and data.get("benchmark"):
+            loaded.append((relative(path), data))
     return loaded
 
 
@@ -831,16 +806,16 @@ def find_counterpart(path, result, candidates):
     key = workload_key(result)
     same = [(p, r) for p, r in candidates if workload_key(r) == key]
     own = result["benchmark"] if result["benchmark"] in ONE_GPU_BENCHMARKS else "ddp_resnet50.py"
-    folder, uuids = str(pathlib.PurePath(path).parent), set(gpu_uuids(result))
-    levels = (("same GPUs, same folder", lambda p, r: gpu_uuids(r)[0] in uuids and str(pathlib.PurePath(p).parent)
-               == folder), ("same GPUs, another folder", lambda p, r: gpu_uuids(r)[0] in uuids),
+    folder, uuids = str(pathlib.PurePath(path).parent), set(rank_devices(result))
+    levels = (("same GPUs, same folder", lambda p, r: rank_devices(r)[0] in uuids and str(pathlib.PurePath(p).parent)
+               == folder), ("same GPUs, another folder", lambda p, r: rank_devices(r)[0] in uuids),
               ("other GPUs, same folder", lambda p, r: str(pathlib.PurePath(p).parent) == folder),
               ("other GPUs, same machine kind", lambda p, r: machine_kind(p) == machine_kind(path)))
     for match, accept in levels:
         for pool, note in (([(p, r) for p, r in same if r["benchmark"] == own], ""), (same, ", ddp_resnet50.py")):
             runs = [(p, r) for p, r in pool if accept(p, r)]
             if runs:
-                covered = {gpu_uuids(r)[0] for _, r in runs} & uuids
+                covered = {rank_devices(r)[0] for _, r in runs} & uuids
                 share = f" ({len(covered)} of {len(uuids)})" if match.startswith("same") and covered < uuids else ""
                 note = note if own != "ddp_resnet50.py" else ""
                 return Baseline([p for p, _ in runs], [r for _, r in runs], match + share + note)
@@ -1014,15 +989,12 @@ def plot_predicted_against_measured(validation, path):
              title=f"{len(runs)} multi-rank runs; covered: max |error| {validation['max_abs_error_pp']:.2f} points")
     axes.legend(loc="upper left", fontsize=8)
     figure.tight_layout()
-    target = pathlib.Path(path)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=target.suffix)
-    os.close(handle)
+    image = io.BytesIO()
     try:
-        figure.savefig(temporary)
-        os.replace(temporary, target)
+        figure.savefig(image, format=pathlib.Path(path).suffix[1:])
     finally:
         plt.close(figure)
-        pathlib.Path(temporary).unlink(missing_ok=True)
+    write_atomically(path, image.getvalue())
 
 
 # -------------------------------------------------------------------------------------------------- command line
@@ -1094,20 +1066,6 @@ def parse_strategies(text):
     if unknown or not chosen:
         raise UsageError(f"--strategies: {', '.join(unknown) or 'none'} not among {', '.join(STRATEGIES)}")
     return chosen
-
-
-def write_json_atomically(path, record):
-    """A temporary file beside the target, then a rename: a reader never sees half a file."""
-    target = pathlib.Path(path)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(record, stream, indent=1)
-            stream.write("\n")
-        os.replace(temporary, target)
-    except BaseException:
-        pathlib.Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def predictions_of(args, counts, strategies):
@@ -1231,7 +1189,7 @@ LOSS_GROUPS = (("eager, DDP's defaults (buffers broadcast, bucket views, 25 MB)"
 
 
 def run_options(path):
-    config = read_json(ROOT / path)["config"]
+    config = load_json(ROOT / path, "result")["config"]
     return {"bb": config.get("broadcast_buffers") is not False, "bv": bool(config.get("gradient_as_bucket_view")),
             "cap": config.get("bucket_cap_mb") or 25}
 
@@ -1345,57 +1303,14 @@ def section_validation(_=None):
 SECTIONS = {"predictions": section_predictions_default, "predictions-fastest": section_predictions_fastest,
             "nics": section_nics, "two-gpu-losses": section_two_gpu_losses, "seed": section_seed,
             "validation-summary": section_validation_summary, "validation": section_validation}
-GENERATED = re.compile(r"(<!-- generated by scaling_model\.py --markdown-section ([\w-]+) -->\n)(.*?)(<!-- end -->)",
-                       re.DOTALL)
-
-
-def regenerated(text):
-    """The document with every generated section rebuilt, and the names of those that changed."""
-    stale = []
-
-    def rebuild(match):
-        name = match[2]
-        if name not in SECTIONS:
-            raise UsageError(f"unknown generated section {name!r} (known: {', '.join(sorted(SECTIONS))})")
-        fresh = SECTIONS[name]().strip() + "\n"
-        if match[3].strip() != fresh.strip():
-            stale.append(name)
-        return match[1] + fresh + match[4]
-
-    return GENERATED.sub(rebuild, text), stale
 
 
 def main_doc(args):
-    path = pathlib.Path(args.check_doc or args.update_doc)
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise UsageError(f"{path}: {error.strerror or error}") from None
-    if not GENERATED.search(text):
-        raise UsageError(f"{path}: no section generated by scaling_model.py --markdown-section")
-    fresh, stale = regenerated(text)
+    """The generated sections of one document checked or rewritten, through the documents' one engine."""
+    path = pathlib.Path(args.check_doc or args.update_doc).resolve()
     if args.update_doc:
-        if stale:
-            write_text_atomically(path, fresh)
-        print(f"{path}: {', '.join(stale) or 'nothing'} regenerated")
-        return 0
-    if stale:
-        print(f"{path}: stale generated sections: {', '.join(stale)} (python scaling_model.py --update-doc {path})")
-        return EXIT_STALE
-    print(f"{path}: every generated section is current")
-    return 0
-
-
-def write_text_atomically(path, text):
-    target = pathlib.Path(path)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.replace(temporary, target)
-    except BaseException:
-        pathlib.Path(temporary).unlink(missing_ok=True)
-        raise
+        return update_documents(SECTIONS, [path.name], path.parent)
+    return check_documents(SECTIONS, [path.name], path.parent, fix=f"python scaling_model.py --update-doc {path}")
 
 
 def main(argv=None):
@@ -1411,13 +1326,5 @@ def main(argv=None):
     return main_predict(args, counts, strategies)
 
 
-def run_guarded(main_function):
-    try:
-        sys.exit(main_function())
-    except UsageError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USAGE)
-
-
 if __name__ == "__main__":
-    run_guarded(main)
+    run_cli(main, PROG)

@@ -1,9 +1,12 @@
 """compare.py end to end: the real ddp_resnet50.py on the CPU in ABBA rounds, then a stand-in script for the rules
 (statistics, machines, stop rules, failures), whose result and img/s each call sets."""
+import errno
 import json
 import math
+import os
 import shlex
 import signal
+import stat
 import statistics
 import subprocess
 import sys
@@ -18,11 +21,13 @@ COMPARE = ROOT / "compare.py"
 SCHEMA = json.loads((ROOT / "schema" / "compare.schema.json").read_text())
 FIXTURE = ROOT / "tests" / "fixtures" / "results" / "native-strong-1proc.json"
 # A stand-in for a benchmark script: it writes the fixture's result with what its N-th call (counted per --label
-# in the --calls file, which also records the order of the calls) is told: img/s, GPU UUIDs, status.
+# in the --calls file, which also records the order of the calls) is told: img/s (JSON), GPU UUIDs, status; --touch
+# names a file that it writes as another program would, --wait-for one whose making it waits for (a minute at most).
 FAKE_SCRIPT = f'''
 import argparse, json, pathlib, sys, time
 parser = argparse.ArgumentParser()
-for name in ("--label", "--calls", "--ips", "--uuids", "--host", "--torch", "--status", "--noisy", "--output"):
+for name in ("--label", "--calls", "--ips", "--uuids", "--host", "--torch", "--status", "--noisy", "--touch",
+             "--wait-for", "--output"):
     parser.add_argument(name)
 parser.add_argument("--sleep", type=float, default=0)
 args = parser.parse_args()
@@ -31,11 +36,14 @@ call = calls.read_text().split().count(args.label) if calls.exists() else 0
 with calls.open("a") as log:
     log.write(args.label + "\\n")
 time.sleep(args.sleep)
+deadline = time.monotonic() + 60
+while args.wait_for and not pathlib.Path(args.wait_for).exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
 def nth(values, default):
     values = (values or default).split(",")
     return values[call % len(values)]
 result = json.loads(pathlib.Path({str(FIXTURE)!r}).read_text())
-result["throughput"]["images_per_second"] = float(nth(args.ips, "100"))
+result["throughput"]["images_per_second"] = json.loads(nth(args.ips, "100"))
 uuids = nth(args.uuids, "GPU-0").split("+")
 result["hardware"]["ranks"] = [{{"rank": rank, "hostname": args.host or "vm", "device": f"cuda:{{rank}}",
                                 "gpu_uuid": uuid, "gpu_name": "NVIDIA H200"}} for rank, uuid in enumerate(uuids)]
@@ -43,10 +51,13 @@ result["hardware"]["hostnames"] = [args.host or "vm"]
 result["software"]["torch"] = args.torch or result["software"]["torch"]
 result["status"] = nth(args.status, "ok")
 noisy = nth(args.noisy, "no") == "yes"
-result["stability"] = {{"noisy": noisy, "reason": "host-bound: the stand-in's" if noisy else None}}
+result["stability"] = {{"second_half_over_first": 1.0, "host_lead_ms_median": None, "host_ahead": None,
+                       "noisy": noisy, "reason": "host-bound: the stand-in's" if noisy else None}}
 if result["status"] != "ok":
     result["failure"] = {{"kind": result["status"], "rank": 0, "message": "the stand-in was told to fail"}}
 pathlib.Path(args.output).write_text(json.dumps(result))
+if args.touch:
+    pathlib.Path(args.touch).write_text('{{"written by": "another program"}}')
 print("stand-in: wrote", args.output)
 sys.exit(0 if result["status"] == "ok" else 1)
 '''
@@ -66,7 +77,7 @@ def fake(tmp_path):
     def command(label, **options):
         words = [sys.executable, str(script), "--label", label, "--calls", str(tmp_path / "calls.txt")]
         for name, value in options.items():
-            words += [f"--{name}", str(value)]
+            words += [f"--{name.replace('_', '-')}", str(value)]
         return shlex.join(words)
     return command
 
@@ -90,7 +101,7 @@ def calls(tmp_path):
 def paired_summary(ratios):
     """The 95 % interval of the geometric mean of paired ratios, computed here independently of compare.py."""
     logs = [math.log(ratio) for ratio in ratios]
-    t = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}[len(logs) - 1]
+    t = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706}[len(logs) - 1]  # a textbook's table
     half = t * statistics.stdev(logs) / math.sqrt(len(logs))
     mean = statistics.fmean(logs)
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
@@ -120,7 +131,7 @@ def test_real_script_rounds_in_abba_order(tmp_path):
     assert [pair["order"] for pair in comparison["pairs"]] == ["AB", "BA"]
     ratio, low, high = paired_summary(ratios)
     assert comparison["ratio"] == pytest.approx(ratio)
-    assert comparison["interval_95"] == pytest.approx([low, high])
+    assert comparison["interval_95"] == pytest.approx([low, high], rel=1e-5)
     assert comparison["machine"]["a"] == comparison["machine"]["b"]
     assert comparison["machine"]["a"]["hostnames"] == results[0]["hardware"]["hostnames"]
     assert comparison["git"]["a"] == results[0]["git"] and comparison["software"]["b"]["torch"] == results[1][
@@ -142,7 +153,8 @@ def test_pairs_cancel_a_drift_that_unpaired_rounds_would_not(tmp_path, fake):
     ratios = [90 / 100, 181 / 200, 89.5 / 100, 180 / 200]
     assert [pair["ratio"] for pair in comparison["pairs"]] == pytest.approx(ratios)
     ratio, low, high = paired_summary(ratios)
-    assert comparison["ratio"] == pytest.approx(ratio) and comparison["interval_95"] == pytest.approx([low, high])
+    assert comparison["ratio"] == pytest.approx(ratio)
+    assert comparison["interval_95"] == pytest.approx([low, high], rel=1e-5)
     assert high < 1  # unpaired, the drift would make the interval contain 1
     assert comparison["verdict"] == (f"B is {100 * (1 - ratio):.1f} % slower than A (95 % interval "
                                      f"{100 * (1 - high):.1f}–{100 * (1 - low):.1f} %, 4 pairs)")
@@ -150,20 +162,23 @@ def test_pairs_cancel_a_drift_that_unpaired_rounds_would_not(tmp_path, fake):
 
 
 def test_statistics(compare):
-    ratio, interval, half_width = compare.summarize([1.02, 0.98, 1.05, 1.01, 0.99])
-    expected = paired_summary([1.02, 0.98, 1.05, 1.01, 0.99])
-    assert (ratio, *interval) == pytest.approx(expected)
-    assert half_width == pytest.approx(100 * (expected[2] / expected[0] - 1))
+    # Student's t with n - 1 degrees of freedom at 0.975, against a textbook's table: the wrong quantile (0.95) or
+    # the wrong degrees of freedom (n) would be off by 4 % or more
+    for ratios in ([1.02, 0.98], [1.02, 0.98, 1.05], [1.02, 0.98, 1.05, 1.01, 0.99, 1.0]):
+        ratio, interval, half_width = compare.summarize(ratios)
+        expected = paired_summary(ratios)
+        assert (ratio, *interval) == pytest.approx(expected, rel=1e-5)
+        assert half_width == pytest.approx(100 * (expected[2] / expected[0] - 1), rel=1e-4)
     assert compare.summarize([0.9]) == (pytest.approx(0.9), None, None)
     assert compare.summarize([]) == (None, None, None)
-    for degrees, t in ((1, 12.706), (4, 2.776), (30, 2.042), (40, 2.021), (60, 2.000), (120, 1.980)):
-        assert compare.t_975(degrees) == pytest.approx(t, abs=0.002)
+
+
+def test_verdict_names_the_interval_and_the_noise(compare):
     assert compare.verdict(1.041, [1.020, 1.062], 5) == "B is 4.1 % faster than A (95 % interval 2.0–6.2 %, 5 pairs)"
     assert compare.verdict(0.959, [0.938, 0.980], 5) == "B is 4.1 % slower than A (95 % interval 2.0–6.2 %, 5 pairs)"
     assert compare.verdict(1.002, [0.535, 1.288], 4, 3, 8) == (
         "no difference detectable at this noise: B is between 46.5 % slower and 28.8 % faster than A "
         "(95 % interval, 4 pairs; 3 of 8 rounds noisy)")
-    assert [compare.pair_order(pair) for pair in (1, 2, 3, 4)] == [("a", "b"), ("b", "a"), ("a", "b"), ("b", "a")]
 
 
 @pytest.mark.parametrize("a_options,b_options,refused", [
@@ -264,7 +279,8 @@ PYTHON_NATIVE = shlex.join([sys.executable, str(NATIVE)])
     ("NCCL_DEBUG=INFO", [], "has no command"),
     (PYTHON_NATIVE, ["--rounds", "1"], "--rounds 1: an interval needs at least 2 pairs"),
     (PYTHON_NATIVE, ["--output", "cmp.txt"], "name a .json file"),
-    (PYTHON_NATIVE, ["--until-interval", "0"], "--until-interval 0.0: give a width"),
+    (PYTHON_NATIVE, ["--until-interval", "0"], "--until-interval 0.0: give a number above 0"),
+    (PYTHON_NATIVE, ["--max-minutes", "-1"], "--max-minutes -1.0: give a number above 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, a, options, rule):
     proc = run_compare(tmp_path, a, PYTHON_NATIVE, "--rounds", 2, *options)
@@ -297,3 +313,145 @@ def test_noisy_rounds_are_counted_and_named(tmp_path, fake):
     assert comparison["noisy_rounds"] == 2
     assert comparison["rounds"][1]["noise_reason"] == "host-bound: the stand-in's"
     assert comparison["verdict"].endswith("; 2 of 6 rounds noisy)") and comparison["verdict"] in proc.stdout
+
+
+def test_umask_sets_the_comparison_mode(tmp_path, fake):
+    proc = subprocess.run([sys.executable, str(COMPARE), "--a", fake("a"), "--b", fake("b"), "--rounds", "2",
+                           "--output", str(tmp_path / "cmp.json")], capture_output=True, text=True, timeout=300,
+                          env=clean_env(), preexec_fn=lambda: os.umask(0o027))
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE((tmp_path / "cmp.json").stat().st_mode) == 0o640
+
+
+def assert_refused_before_any_round(proc, tmp_path, rule):
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.startswith("compare.py: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert rule in proc.stderr
+    assert not (tmp_path / "calls.txt").exists()  # no round ran
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_first_round(tmp_path, fake):
+    # A name that fits the folder but not the comparison's temporary file beside it: a folder that refuses the
+    # write, found by trying it before the rounds (also as root, whom permissions do not stop)
+    name = "c" * 245 + ".json"
+    proc = run_compare(tmp_path, fake("a"), fake("b"), "--rounds", 2, name=name)
+    assert_refused_before_any_round(proc, tmp_path, f"cannot write in {tmp_path}: File name too long")
+    assert not (tmp_path / name).exists() and list((tmp_path / name).with_suffix(".rounds").iterdir()) == []
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """read_only(folder): no file can be made in the folder any more (for root too, where chattr works), or skip."""
+    frozen = []
+
+    def freeze(folder):
+        folder.chmod(0o555)
+        frozen.append(folder)
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "+i", str(folder)], capture_output=True)
+        try:
+            (folder / "probe").touch()
+        except OSError:
+            return
+        pytest.skip("cannot make a read-only folder here")
+    yield freeze
+    for folder in frozen:
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+        folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("rounds_folder_exists", [False, True])
+def test_an_unwritable_folder_is_refused_before_the_first_round(tmp_path, fake, read_only, rounds_folder_exists):
+    folder = tmp_path / "out"
+    (folder / "cmp.rounds").mkdir(parents=True)
+    if not rounds_folder_exists:
+        (folder / "cmp.rounds").rmdir()
+    read_only(folder)
+    proc = run_compare(tmp_path, fake("a"), fake("b"), "--rounds", 2, name="out/cmp.json")
+    assert_refused_before_any_round(proc, tmp_path, "cannot write in ")
+    assert "Traceback" not in proc.stderr and not (folder / "cmp.json").exists()
+
+
+def test_a_full_disk_at_the_end_still_tells_the_verdict(tmp_path, fake, compare, monkeypatch, capsys):
+    def full_disk(descriptor):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "fsync", full_disk)  # the writer's sync, as on a disk that filled during the rounds
+    output = tmp_path / "cmp.json"
+    code = compare.main(["--a", fake("a"), "--b", fake("b", ips="110"), "--rounds", "2", "--output", str(output)])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "B is 10.0 % faster than A" in out and "B/A per pair: 1.100, 1.100" in out
+    assert err.count("\n") == 1 and f"cannot write {output}: No space left on device" in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["calls.txt", "cmp.rounds", "fake_bench.py"]
+    assert sorted(path.name for path in (tmp_path / "cmp.rounds").iterdir()) == [
+        "a-1.json", "a-1.log", "a-2.json", "a-2.log", "b-1.json", "b-1.log", "b-2.json", "b-2.log"]
+
+
+def test_missing_scipy_is_one_line_before_any_round(tmp_path, fake, compare, monkeypatch):
+    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy fails
+    with pytest.raises(compare.UsageError, match=r"needs scipy: pip install scipy"):
+        compare.main(["--a", fake("a"), "--b", fake("b"), "--rounds", "2", "--output", str(tmp_path / "cmp.json")])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["fake_bench.py"]
+
+
+@pytest.mark.parametrize("bad,shown", [("0", "0"), ("null", "None"), ("-5", "-5"), ("Infinity", "inf"),
+                                       ('"fast"', "'fast'")])
+def test_a_result_that_says_ok_without_a_positive_throughput_fails_its_round(tmp_path, fake, bad, shown):
+    proc = run_compare(tmp_path, fake("a"), fake("b", ips=bad), "--rounds", 2)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("compare.py: round 2 (pair 1, B) failed: exit 0, its result ")
+    assert "throughput.images_per_second" in proc.stderr and shown in proc.stderr.split("images_per_second")[1]
+    comparison = read_comparison(tmp_path / "cmp.json")
+    assert (comparison["status"], comparison["pairs"], comparison["ratio"]) == ("failed", [], None)
+    assert comparison["rounds"][-1]["images_per_second"] is None and comparison["failure"] in proc.stderr
+
+
+def test_a_folder_named_like_a_round_file_is_refused_before_any_round(tmp_path, fake):
+    rounds = tmp_path / "cmp.rounds"
+    (rounds / "a-1.json").mkdir(parents=True)
+    old = ["a-1.log", "a-2.json", "b-1.json", "b-1.log", "b-2.json", "b-2.log", "a-2.log"]
+    for name in old:
+        (rounds / name).write_text("an old round\n")
+    proc = run_compare(tmp_path, fake("a"), fake("b"), "--rounds", 2, "--overwrite")
+    assert_refused_before_any_round(proc, tmp_path, f"{rounds / 'a-1.json'} is a folder")
+    assert sorted(path.name for path in rounds.iterdir()) == sorted([*old, "a-1.json"])  # nothing removed
+
+
+def test_a_leftover_lock_is_named(tmp_path, fake):
+    lock = tmp_path / "cmp.rounds" / ".lock"
+    lock.parent.mkdir()
+    lock.touch()  # left by a run that was killed (SIGKILL), or held by one that runs
+    proc = run_compare(tmp_path, fake("a"), fake("b"), "--rounds", 2, "--overwrite")
+    assert_refused_before_any_round(proc, tmp_path, f"another compare.py holds it (remove {lock} if none runs)")
+
+
+def test_two_runs_with_one_output_the_second_is_refused_at_once(tmp_path, fake):
+    go = tmp_path / "go"
+    a1, b1 = fake("a1", wait_for=go), fake("b1")
+    first = subprocess.Popen([sys.executable, str(COMPARE), "--a", a1, "--b", b1, "--rounds", "2", "--output",
+                              str(tmp_path / "cmp.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=clean_env())
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "calls.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # the second run, even with --overwrite, while the first one's round 1 waits
+    second = run_compare(tmp_path, fake("a2"), fake("b2"), "--rounds", 2, "--overwrite")
+    go.touch()
+    out, err = first.communicate(timeout=120)
+    assert second.returncode == 2 and second.stdout == "" and second.stderr.count("\n") == 1, second.stderr
+    assert "another compare.py holds it" in second.stderr
+    assert first.returncode == 0, err
+    assert calls(tmp_path) == ["a1", "b1", "b1", "a1"]
+    comparison = read_comparison(tmp_path / "cmp.json")
+    assert comparison["commands"] == {"a": a1, "b": b1} and len(comparison["pairs"]) == 2
+    assert sorted(path.name for path in (tmp_path / "cmp.rounds").iterdir()) == [
+        "a-1.json", "a-1.log", "a-2.json", "a-2.log", "b-1.json", "b-1.log", "b-2.json", "b-2.log"]  # no lock left
+
+
+def test_a_comparison_that_another_program_wrote_meanwhile_is_kept(tmp_path, fake):
+    output = tmp_path / "cmp.json"
+    proc = run_compare(tmp_path, fake("a"), fake("b", ips="110", touch=output), "--rounds", 2)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"{output} exists (another run may have written it meanwhile): not replaced" in proc.stderr
+    assert "B is 10.0 % faster than A" in proc.stdout
+    assert json.loads(output.read_text()) == {"written by": "another program"}

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+import analysis
+from conftest import ROOT, load_script
 
 LINE_BUDGETS = {"README.md": 250, "docs/scaling.md": 400, "docs/performance.md": 310, "docs/sharding.md": 350, "lightning/README.md": 150}
 BYTE_BUDGETS = {"README.md": 21 * 1024}
@@ -87,3 +88,28 @@ def test_constraints_pin_the_stack_of_the_committed_results():
                 recorded[name].add(software[name].split("+")[0])
     assert set(pins) == {"torch", "torchvision", "lightning", "fairscale"}
     assert {name: {version} for name, version in pins.items()} == recorded
+
+
+def test_every_generated_block_is_current(monkeypatch, capsys):
+    """The one check of the generated blocks (report.py's and scaling_model.py's): a figure edited by hand in any
+    document, or a result added without regenerating, fails here."""
+    monkeypatch.chdir(ROOT)
+    report = load_script(ROOT / "report.py", "report_for_docs")
+    assert report.main(["--check-docs"]) == 0, capsys.readouterr().err
+
+
+def test_the_engine_rebuilds_only_its_blocks_and_refuses_unknown_names(tmp_path, capsys):
+    text = ("intro\n<!-- generated:a -->\nold\n<!-- /generated:a -->\nprose\n"
+            "<!-- generated:b -->\nB\n<!-- /generated:b -->\nend\n")
+    (tmp_path / "doc.md").write_text(text)
+    sections = {"a": lambda document: f"A of {document}", "b": lambda document: "B"}
+    assert analysis.check_documents(sections, ["doc.md"], tmp_path) == 1
+    assert "doc.md (a)" in capsys.readouterr().err
+    assert (tmp_path / "doc.md").read_text() == text  # a check writes nothing
+    assert analysis.update_documents(sections, ["doc.md"], tmp_path) == 0
+    assert (tmp_path / "doc.md").read_text() == text.replace("\nold\n", "\nA of doc.md\n")
+    assert analysis.check_documents(sections, ["doc.md"], tmp_path) == 0
+    with pytest.raises(analysis.UsageError, match="doc.md: no generated section named 'a'"):
+        analysis.check_documents({"b": sections["b"]}, ["doc.md"], tmp_path)
+    with pytest.raises(analysis.UsageError, match="no block for the generated sections c in doc.md"):
+        analysis.check_documents({**sections, "c": sections["b"]}, ["doc.md"], tmp_path)

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+import analysis
 from conftest import ROOT, clean_env, load_script, one_error_line, read_result
 
 REPORT = ROOT / "report.py"
@@ -35,7 +36,7 @@ def run_report(*args, cwd=ROOT):
             code = report.main([str(arg) for arg in args])
         except report.UsageError as error:
             print(f"report.py: error: {error}", file=sys.stderr)
-            code = report.EXIT_USAGE
+            code = 2
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
@@ -179,13 +180,13 @@ def test_committed_results_and_both_versions_follow_the_schema():
     for path in files:
         document = json.loads(path.read_text())
         # compare.py's files follow their own schema (test_compare.py); harness_cost.py's are no results either
-        if not (report.is_comparison(document) or report.is_harness_cost(document)):
-            assert report.document_problem(document) is None, path
+        if not (analysis.is_comparison(document) or analysis.is_harness_cost(document)):
+            assert analysis.document_problem(document) is None, path
     new = json.loads(HARNESS_RESULT.read_text())
-    validator = report.result_validator()
+    validator = analysis.result_validator()
     assert validator.is_valid(new) and validator.is_valid(version_2(new, "launch-1"))
     assert not validator.is_valid({**new, "schema_version": 2})
-    assert report.document_problem({**new, "schema_version": 2}) == "the top level: 'launch_id' is a required property"
+    assert analysis.document_problem({**new, "schema_version": 2}) == "the top level: 'launch_id' is a required property"
     lightning = fixture("lightning-weak-1proc")
     for variant, valid in (("stock", True), ("matched", True), ("tuned", False)):
         lightning["config"]["lightning_variant"] = variant
@@ -197,9 +198,9 @@ def test_committed_results_and_both_versions_follow_the_schema():
     assert validator.is_valid({**new, "stability": None})
     long_list = fixture("native-weak-2proc-a")
     long_list["step_times_ms_per_rank"][1] = [10.0] * 40 + [-1.0] + [10.0] * 40
-    assert report.document_problem(long_list) == "step_times_ms_per_rank.1.40: -1.0 is less than the minimum of 0"
+    assert analysis.document_problem(long_list) == "step_times_ms_per_rank.1.40: -1.0 is less than the minimum of 0"
     long_list["step_times_ms_per_rank"][1][40] = "slow"
-    assert report.document_problem(long_list) == "step_times_ms_per_rank.1.40: 'slow' is not of type 'number'"
+    assert analysis.document_problem(long_list) == "step_times_ms_per_rank.1.40: 'slow' is not of type 'number'"
 
 
 def test_files_that_are_not_results_are_skipped_with_one_line_naming_the_first_broken_rule(tmp_path):
@@ -241,7 +242,7 @@ def test_files_that_are_not_results_are_skipped_with_one_line_naming_the_first_b
         f"{prefix}/unmeasured.json: skipped: throughput: None is not of type 'object'",
         f"{prefix}/list.json: skipped: not a benchmark result (no schema_version)",
         f"{prefix}/odd-environment.json: skipped: software.environment: ['NCCL_DEBUG=INFO'] is not of type 'object'",
-        f"{prefix}/newer.json: skipped: schema_version 3, this report reads versions 1 and 2",
+        f"{prefix}/newer.json: skipped: schema_version 3, the analysis tools read versions 1 and 2",
         f"{prefix}/notes.json: skipped: not JSON (Expecting value: line 1 column 1 (char 0))",
         f"{prefix}/other.json: skipped: not a benchmark result (no schema_version)",
         f"{prefix}/truncated.json: skipped: config: 'batch_mode' is a required property",
@@ -734,7 +735,7 @@ def test_comparison_files_feed_their_table_and_are_no_result(tmp_path):
     assert table_rows(proc.stdout, "Comparisons") == [[
         "`python ddp_resnet50.py`", "`python ddp_resnet50.py --compile`", "1.460", "1.450–1.470", "3",
         f"`{tmp_path / 'cmp.json'}`"]]
-    assert report.read_result_file(tmp_path / "cmp.json") == (None, "a comparison (compare.py), not a result")
+    assert analysis.read_result_file(tmp_path / "cmp.json") == (None, "a comparison (compare.py), not a result")
 
 
 # ---------------------------------------------------------------------------- plots
@@ -952,38 +953,6 @@ def test_the_command_line_gives_one_line_and_exit_2():
 
 
 # ---------------------------------------------------------------------------- generated answers
-
-def answer_copy(tmp_path, committed):
-    """The answer documents copied under tmp_path, and the committed runs as if they lay there too."""
-    for document in report.ANSWER_DOCUMENTS:
-        (tmp_path / document).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / document).write_text((ROOT / document).read_text())
-    return ([{**run, "path": tmp_path / run["path"].relative_to(ROOT)} for run in committed[0]],
-            [(tmp_path / path.relative_to(ROOT), document) for path, document in committed[1]])
-
-
-def test_generated_answers_agree_with_the_committed_results(committed, capsys):
-    """A headline figure of README.md, docs/performance.md, docs/sharding.md or lightning/README.md edited by hand
-    fails this test: the blocks between their answers markers are what --answers writes from results/."""
-    assert report.answers(committed[0], check=True, comparisons=committed[1]) == 0, "stale: python report.py --answers"
-    assert "agree with the results" in capsys.readouterr().out
-
-
-def test_an_answer_edited_by_hand_is_stale_and_regenerated(tmp_path, committed, capsys):
-    runs, comparisons = answer_copy(tmp_path, committed)
-    readme = tmp_path / "README.md"
-    original = readme.read_text()
-    assert "| DDP speed | 1 GPU, eager (the default) | 4,692–4,751 img/s (55 runs on 18 machines) |" in original
-    readme.write_text(original.replace("4,692–4,751 img/s (55 runs", "4,751 img/s (55 runs"))
-    assert report.answers(runs, check=True, root=tmp_path, comparisons=comparisons) == 1
-    assert capsys.readouterr().err == ("stale generated answers in README.md: run python report.py --answers\n")
-    assert report.answers(runs, check=False, root=tmp_path, comparisons=comparisons) == 0
-    assert readme.read_text() == original  # regenerated; the prose outside the markers untouched
-    readme.write_text(original.replace("<!-- answers:summary -->", "<!-- answers:summery -->").replace(
-        "<!-- /answers:summary -->", "<!-- /answers:summery -->"))
-    with pytest.raises(report.UsageError, match="README.md: no generated answers named 'summery'"):
-        report.answers(runs, check=True, root=tmp_path, comparisons=comparisons)
-
 
 def test_answers_follow_the_pairing_rules(committed):
     """The honest versions: a range over every repeat with its count, and a pair of two machines only labelled."""

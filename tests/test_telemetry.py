@@ -143,7 +143,7 @@ def test_bad_results_and_outputs_are_one_line_and_write_nothing(tmp_path):
     assert "throughput.rank0_timed_window_utc.0: 'yesterday' does not match" in \
         one_error_line(run_tool(log, tmp_path / "bad-window.json"))
     (tmp_path / "run.json").write_text(json.dumps(a_result(["2026-11-30T12:00:00.000Z", "2026-11-30T12:00:02.000Z"])))
-    assert "cannot be read (FileNotFoundError" in one_error_line(run_tool(log, tmp_path / "missing.json"))
+    assert one_error_line(run_tool(log, tmp_path / "missing.json")).endswith("missing.json: no such file")
     blocked = tmp_path / "file"
     blocked.write_text("")
     line = one_error_line(run_tool(log, tmp_path / "run.json", "--json", blocked / "out.json"))

@@ -24,17 +24,15 @@ the log has a uuid column, else it is --rank0-gpu INDEX.
     python tools/telemetry.py LOG RUN.json... --sensitivity 500 [--rank0-gpu 0]
 """
 import argparse
-import contextlib
 import csv
 import datetime
 import gzip
-import json
-import os
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from report import OneLineArgumentParser, UsageError, read_result_file, run_cli  # noqa: E402  (no torch)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "lib"))
+from analysis import (OneLineArgumentParser, UsageError, read_result_file, run_cli,  # noqa: E402  (no torch)
+                      write_json_atomically)
 
 SW_POWER_CAP = 0x4
 COLUMNS = {"timestamp": "timestamp", "index": "index", "uuid": "uuid", "clocks.current.sm [MHz]": "sm_mhz",
@@ -181,7 +179,7 @@ def fmt(value, pattern):
 
 
 def load_result(path):
-    """A result file as report.py reads it, with times that parse; UsageError (one line) otherwise."""
+    """A valid result file, with times that parse; UsageError (one line) otherwise."""
     result, problem = read_result_file(pathlib.Path(path))
     if problem:
         raise UsageError(f"{path}: {problem}")
@@ -245,14 +243,9 @@ def main(argv=None):
                          f"{fit['slope_ms_per_100_mhz']:+.2f} | {fmt(fit['correlation'], '{:+.2f}')} | "
                          f"{fit['proportional_ms_per_100_mhz']:+.2f} |")
     if args.json:
-        temporary = f"{args.json}.tmp{os.getpid()}"
         try:
-            with open(temporary, "w") as handle:
-                json.dump(figures, handle, indent=1)
-            os.replace(temporary, args.json)
+            write_json_atomically(args.json, figures)
         except OSError as error:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
             raise UsageError(f"--json {args.json}: cannot be written ({error.strerror})") from None
     print("\n".join(lines))
     return 0
