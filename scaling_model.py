@@ -1029,7 +1029,7 @@ def validate(folders, args):
         reasons = "; ".join(f"{count} x {reason}" for reason, count in
                             Counter(s["reason"] for s in skipped).most_common(3))
         raise UsageError(f"--validate {' '.join(map(str, folders))}: nothing validated: {len(loaded)} results "
-                         f"({multi} multi-rank), {len(skipped)} files skipped" + (f" ({reasons})" if reasons else ""))
+                         f"({multi} multi-rank), {len(skipped)} file{'s' * (len(skipped) != 1)} skipped" + (f" ({reasons})" if reasons else ""))
     published, published_skipped = validate_published(PUBLISHED)
     return summarise_validation(runs, skipped, published, published_skipped)
 
