@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import scaling
 from conftest import NATIVE, ROOT, SMALL, clean_env, load_script, run_script
 
 PROBE = ROOT / "collective_probe.py"
@@ -144,14 +145,14 @@ def test_the_prediction_command_prints_every_strategy_and_writes_json(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- the straggler
 
-def steps_baseline(model, steps_per_gpu, spread=None, rates=None):
+def steps_baseline(steps_per_gpu, spread=0.0, rates=None):
     """A baseline of one run per GPU with the given step times (ms) and img/s."""
     results = [{"benchmark": "ddp_resnet50.py", "strategy": "ddp", "config": {
         "device": "cuda", "image_size": 224, "batch_size_per_device": 256, "precision": "bf16"},
         "hardware": {"ranks": [{"gpu_uuid": f"gpu-{index}"}]}, "step_times_ms_per_rank": [steps],
         "throughput": {"images_per_second": (rates or [1.0] * len(steps_per_gpu))[index]}}
         for index, steps in enumerate(steps_per_gpu)]
-    return model.Baseline([f"gpu-{index}" for index in range(len(results))], results, "given", spread)
+    return scaling.Baseline([f"gpu-{index}" for index in range(len(results))], results, "given", spread)
 
 
 # E[max of n standard normals] (the normal's order statistics, by quadrature)
@@ -159,30 +160,33 @@ NORMAL_MAXIMA = {2: 0.5641896, 4: 1.0293754, 8: 1.4236003, 64: 2.3437335, 512: 3
 
 
 @pytest.mark.parametrize("n", sorted(NORMAL_MAXIMA))
-def test_unmeasured_gpus_wait_for_the_slowest_of_a_normal_spread(model, n):
+def test_unmeasured_gpus_wait_for_the_slowest_of_a_normal_spread(n):
     """Steady 100 ms steps on GPUs 1 % apart: each step waits 1 ms times the mean maximum of n standard normals."""
-    baseline = steps_baseline(model, [[100.0] * 50], spread=0.01)
-    assert model.straggler_ms(baseline, n) == pytest.approx(NORMAL_MAXIMA[n], rel=0.01)
+    baseline = steps_baseline([[100.0] * 50], spread=0.01)
+    assert scaling.straggler_ms(baseline, n) == pytest.approx(NORMAL_MAXIMA[n], rel=0.01)
 
 
-def test_the_gpus_the_runs_measured_are_their_own_stragglers(model):
+def test_the_gpus_the_runs_measured_are_their_own_stragglers():
     """Predicting a 2-GPU run from its own two GPUs: the slower GPU sets every step, whatever the spread."""
-    baseline = steps_baseline(model, [[10.0] * 20, [12.0] * 20], spread=0.05)
-    assert model.straggler_ms(baseline, 2) == pytest.approx(1.0)
+    baseline = steps_baseline([[10.0] * 20, [12.0] * 20], spread=0.05)
+    assert scaling.straggler_ms(baseline, 2) == pytest.approx(1.0)
     # jitter alone, no spread: each of 4 ranks draws a step of 10 or 14 ms, all four 10 ms with chance 1/16
-    baseline = steps_baseline(model, [[10.0, 14.0] * 10], spread=0.0)
-    assert model.straggler_ms(baseline, 4) == pytest.approx(10 / 16 + 14 * 15 / 16 - 12)
+    baseline = steps_baseline([[10.0, 14.0] * 10], spread=0.0)
+    assert scaling.straggler_ms(baseline, 4) == pytest.approx(10 / 16 + 14 * 15 / 16 - 12)
 
 
 def test_the_spread_comes_from_the_committed_one_gpu_runs_of_the_workload(model, monkeypatch):
-    """Three GPUs ran the workload at 99, 100 and 101 img/s: GPUs are 1 % apart, and 8 of them wait for the slowest."""
-    committed = steps_baseline(model, [[100.0]] * 3, rates=[99.0, 100.0, 101.0]).results
+    """Three GPUs ran the workload at 99, 100 and 101 img/s: GPUs are 1 % apart, and 8 of them wait for the slowest,
+    in a prediction from the command line as in --validate."""
+    committed = steps_baseline([[100.0]] * 3, rates=[99.0, 100.0, 101.0]).results
     key = (committed[0]["benchmark"], model.workload_key(committed[0]))
     monkeypatch.setattr(model, "committed_one_gpu_runs", lambda: {key: [(str(i), r) for i, r in enumerate(committed)]})
     spread, gpus, runs, extent = model.gpu_spread(committed[0])
     assert (spread, gpus, runs, extent) == pytest.approx((0.01, 3, 3, 101 / 99 - 1))
-    baseline = steps_baseline(model, [[100.0] * 50])  # the spread left to the committed runs
-    assert model.straggler_ms(baseline, 8) == pytest.approx(NORMAL_MAXIMA[8], rel=0.01)
+    monkeypatch.setattr(model, "one_gpu_result", lambda path: committed[int(path)])
+    run = {**committed[0], "hardware": {"ranks": [{"gpu_uuid": "another"}, {"gpu_uuid": "and another"}]}}
+    for baseline in model.baseline_of(["0"]), model.find_counterpart("run.json", run, [("0", committed[0])]):
+        assert scaling.straggler_ms(baseline, 8) == pytest.approx(NORMAL_MAXIMA[8], rel=0.01)
 
 
 def test_the_fastest_mode_starts_from_its_median_run(model):
