@@ -370,13 +370,14 @@ def validate(folders, args):
         reasons = "; ".join(f"{count} x {reason}" for reason, count in
                             Counter(s["reason"] for s in skipped).most_common(3))
         raise UsageError(f"--validate {' '.join(map(str, folders))}: nothing validated: {len(loaded)} results "
-                         f"({multi} multi-rank), {len(skipped)} file{'s' * (len(skipped) != 1)} skipped" + (f" ({reasons})" if reasons else ""))
+                         f"({multi} multi-rank), {len(skipped)} file{'s' * (len(skipped) != 1)} skipped"
+                         + (f" ({reasons})" if reasons else ""))
     published, published_skipped = validate_published(PUBLISHED)
     return summarise_validation(runs, skipped, published, published_skipped)
 
 
-# Published precisions: (the model's precision, the datasheet's peak column). TF32 is fp32 storage with TF32 math.
-PRECISIONS = {"fp32": ("fp32", 3), "tf32": ("fp32", 3), "amp fp16": ("fp16", 2)}
+# Published precisions: (the model's precision, which datasheet peak: 0 16-bit, 1 32-bit). TF32: fp32 storage.
+PRECISIONS = {"fp32": ("fp32", 1), "tf32": ("fp32", 1), "amp fp16": ("fp16", 0)}
 DEFAULT_PAIR = ("results/nvidia-h200-x2-2026-11-30b/s4-native-1gpu-bf16-256-gpu0.json",
                 "results/nvidia-h200-x2-2026-11-30b/s4-native-1gpu-bf16-256-gpu1.json")
 
@@ -391,8 +392,9 @@ def published_problem(row):
         return "the link is not stated"
     if datasheet(row["gpu"]) is None or row["precision"] not in PRECISIONS:
         return f"no datasheet figures for the {row['gpu']} in {row['precision']}"
-    if not (row["gpus"] >= 2 and row["nodes"] >= 1 and all(is_number(row[key]) and row[key] > 0 for key in (
-            "batch_per_gpu", "link_gbytes_per_second", "one_gpu_images_per_second", "n_gpu_images_per_second"))):
+    if not (all(isinstance(row[key], str) for key in ("source", "organisation", "link", "link_basis")) and all(
+            is_number(row[key]) and row[key] > 0 for key in ("batch_per_gpu", "gpus", "nodes", "gpus_per_node",
+            "link_gbytes_per_second", "one_gpu_images_per_second", "n_gpu_images_per_second")) and row["gpus"] >= 2):
         return "not a multi-GPU row with positive figures"
     return None
 
@@ -402,17 +404,18 @@ def predict_published(row, spread):
     the step is the one-GPU figure's (batch / img/s), the roofline and copies the GPU's datasheet's, the per-kernel
     cost the H200 profile's, the link's bus bandwidth its published line rate (one port per node between nodes)."""
     sms, memory, *peaks = datasheet(row["gpu"])
-    precision, column = PRECISIONS[row["precision"]]
+    precision, peak = PRECISIONS[row["precision"]]
     config = {"device": "cuda", "model": "resnet50", "image_size": 224, "batch_size_per_device": row["batch_per_gpu"],
-              "precision": precision, "memory_format": "channels_last", "optimizer": "sgd", "optimizer_impl": "foreach", "bucket_cap_mb": 25.0,
-              "first_bucket_mb": 1.0, "broadcast_buffers": True, "gradient_as_bucket_view": False}
-    baseline = figure_baseline(row["source"], config, row["one_gpu_images_per_second"], peaks[column - 2], spread)
+              "precision": precision, "memory_format": "channels_last", "optimizer": "sgd", "optimizer_impl": "foreach",
+              "bucket_cap_mb": 25.0, "first_bucket_mb": 1.0, "broadcast_buffers": True,
+              "gradient_as_bucket_view": False}
+    baseline = figure_baseline(row["source"], config, row["one_gpu_images_per_second"], peaks[peak], spread)
     bandwidth, hop = row["link_gbytes_per_second"], LINK_PRESETS["pcie4" if "PCIe" in row["link"] else "nvlink4"]
     intra = make_link(row["link"], row["link_basis"], bandwidth, hop.hop_us)
     network = make_link(row["link"], row["link_basis"], bandwidth, LINK_PRESETS["ib-ndr400"].hop_us)
     local = kernel_profile_costs(KERNEL_PROFILE, memory, NCCL_CHANNELS / sms)
-    return predict("ddp", row["gpus"], baseline, workload_of(config), Topology(intra, network, row["gpus_per_node"], 1),
-                   local)
+    topology = Topology(intra, network, row["gpus_per_node"], 1)
+    return predict("ddp", row["gpus"], baseline, workload_of(config), topology, local)
 
 
 def validate_published(path):
@@ -480,6 +483,7 @@ def summarise_validation(runs, skipped, published, published_skipped):
             "units": {"measured": "% efficiency: img/s over N x the one-GPU img/s (in sample: of the same GPUs)",
                       "predicted": "% efficiency", "error": "percentage points (predicted - measured)",
                       "baseline_error": "percentage points (the constant - measured)"},
+            "not_modelled": NOT_MODELLED,
             "constant_efficiency": {"value": constant, "fitted_to": f"the mean measured efficiency of {len(fitted)} "
                                     f"in-sample runs ({which})"},
             "sets": {name: errors(rows, constant) for name, rows in sets.items() if rows},
@@ -591,12 +595,14 @@ def check_arguments(args):
         raise UsageError("--bandwidth must be positive and --latency not negative")
     if args.gpus_per_node < 1 or (args.nics_per_node is not None and args.nics_per_node < 1):
         raise UsageError("--gpus-per-node and --nics-per-node must be positive")
-    for name in ("memory_bandwidth", "gpu_spread"):
-        value = getattr(args, name)
-        if value is not None and not (0 <= value < math.inf and (value > 0 or name == "gpu_spread")):
-            raise UsageError(f"--{name.replace('_', '-')} must be a {'positive' if name == 'memory_bandwidth' else 'non-negative'} number")
+    if args.memory_bandwidth is not None and not 0 < args.memory_bandwidth < math.inf:
+        raise UsageError("--memory-bandwidth must be positive")
+    if args.gpu_spread is not None and not 0 <= args.gpu_spread < math.inf:
+        raise UsageError("--gpu-spread must be 0 or more")
     if args.plot and not args.validate:
         raise UsageError("--plot goes with --validate")
+    if args.gpu_spread is not None and not args.results:
+        raise UsageError("--gpu-spread goes with one-GPU RESULT files (--validate takes the committed runs' spread)")
     if args.results and args.link is None and args.bandwidth is None and args.probe is None:
         raise UsageError("give the link: --link PRESET, --bandwidth GB/s --latency us, or --probe FILE")
     for option, path in (("--json", args.json), ("--plot", args.plot)):
@@ -686,6 +692,7 @@ def main_validate(args):
         plot_predicted_against_measured(validation, args.plot)
     return 0
 
+
 # ------------------------------------------------------------------------------------ docs/scaling.md's tables
 
 # A run of the fastest mode (the predictions start from the median run of its workload) and a compiled run.
@@ -723,7 +730,8 @@ def section_predictions(paths, title):
     return "\n".join([f"{title}: `{command}` (nodes of 8 GPUs on NVLink 4, joined by InfiniBand NDR 400, one NIC "
                       f"per GPU). {workload_line(baseline)}. GPU-to-GPU spread {100 * spread:.2f} % (the relative "
                       f"standard deviation of the mean img/s of {gpus} GPUs over {runs} committed one-GPU runs of "
-                      f"this workload).", "", prediction_table(predictions, lambda p: basis(p, baseline, at_two[p.strategy]))])
+                      f"this workload).", "",
+                      prediction_table(predictions, lambda p: basis(p, baseline, at_two[p.strategy]))])
 
 
 def basis(prediction, baseline, at_two):
@@ -807,7 +815,8 @@ def section_nics(_=None):
                         f" | {100 * at512.efficiency:.1f} % | {describe_terms(at512, COMMUNICATION)} |")
     command = (f"python scaling_model.py {' '.join(DEFAULT_PAIR)} --gpus 64,512 --link nvlink4 "
                f"--strategies ddp,zero1,fsdp_zero2,fsdp_zero3 --nics-per-node N")
-    return f"`{command}` for N = 8, 2, 1:\n\n" + "\n".join(rows)
+    return (f"`{command}` for N = 8, 2, 1 (every row an extrapolation: nothing in sample has more than 2 GPUs; the "
+            f"inter-node preset and the NIC count decide it):\n\n" + "\n".join(rows))
 
 
 @functools.lru_cache(maxsize=1)
@@ -947,7 +956,8 @@ def section_validation_published(_=None):
     return f"Every row of `{published['table']}`, predicted or skipped:\n\n" + "\n".join(rows)
 
 
-SECTIONS = {"model-inputs": section_model_inputs, "predictions": section_predictions_default, "predictions-fastest": section_predictions_fastest,
+SECTIONS = {"model-inputs": section_model_inputs, "predictions": section_predictions_default,
+            "predictions-fastest": section_predictions_fastest,
             "nics": section_nics, "two-gpu-losses": section_two_gpu_losses, "seed": section_seed,
             "validation-summary": section_validation_summary, "validation": section_validation,
             "validation-published": section_validation_published}

@@ -209,8 +209,9 @@ def kernel_profile_costs(path, memory_gbps, sm_share):
         kernel_us = (min(kernels) + profile["compute_idle_ms_per_step"] / stream["kernels_per_step"]) * 1e3
     except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
         raise UsageError(f"{path}: not a kernel profile of experiments/step-profile/ (no kernel counts)") from None
-    source = (f"{path.relative_to(REPOSITORY) if path.is_relative_to(REPOSITORY) else path}: {kernel_us:.2f} us per added kernel;"
-              f" HBM {memory_gbps:g} GB/s (datasheet), a copy moving each byte twice")
+    where = path.relative_to(REPOSITORY) if path.is_relative_to(REPOSITORY) else path
+    source = (f"{where}: {kernel_us:.2f} us per added kernel; HBM {memory_gbps:g} GB/s (datasheet), a copy moving "
+              "each byte twice")
     return LocalCosts(kernel_us, memory_gbps / 2, memory_gbps, sm_share, source)
 
 

@@ -412,6 +412,7 @@ BAD_INPUTS = {
     "an unknown strategy": ([ONE, "--link", "nvlink4", "--strategies", "ddp,zero9"], "zero9"),
     "an unknown preset": ([ONE, "--link", "nvlink9"], "invalid choice"),
     "a negative GPU spread": ([ONE, "--link", "nvlink4", "--gpu-spread", "-1"], "--gpu-spread"),
+    "a GPU spread for a validation": (["--validate", FOLDER, "--gpu-spread", "1"], "--gpu-spread goes with"),
     "a missing result": (["missing.json", "--link", "nvlink4"], "missing.json: no such file"),
     "a multi-rank result": ([TRIO[0], "--link", "nvlink4"], "the model starts from one-GPU runs"),
     "a one-rank sharding run": (["results/nvidia-h200-2026-12-01d/oss-1gpu-ddp.json", "--link", "nvlink4"],
