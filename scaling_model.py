@@ -623,7 +623,10 @@ def check_output(option, path):
     except OSError as error:
         raise UsageError(f"{option} {path}: its folder takes no new file ({error.strerror or error})") from None
     if option == "--plot":
-        from matplotlib.figure import Figure
+        try:
+            from matplotlib.figure import Figure
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install -e '.[report]'") from None
         formats = Figure().canvas.get_supported_filetypes()
         if path.suffix[1:].lower() not in formats:
             raise UsageError(f"--plot {path}: give a file ending in .{', .'.join(sorted(formats))}")
@@ -632,7 +635,7 @@ def check_output(option, path):
 def write_output(path, write):
     """Run write(), an output's atomic write; a failure (a full disk, a folder gone) in one line."""
     try:
-        write()
+        return write()
     except OSError as error:
         raise UsageError(f"{path}: not written ({error.strerror or error})") from None
 
@@ -967,7 +970,7 @@ def main_doc(args):
     """The generated sections of one document checked or rewritten, through the documents' one engine."""
     path = pathlib.Path(args.check_doc or args.update_doc).resolve()
     if args.update_doc:
-        return update_documents(SECTIONS, [path.name], path.parent)
+        return write_output(path, lambda: update_documents(SECTIONS, [path.name], path.parent))
     return check_documents(SECTIONS, [path.name], path.parent, fix=f"python scaling_model.py --update-doc {path}")
 
 
