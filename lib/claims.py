@@ -64,6 +64,7 @@ NOT_MEASURED = [
     (r"\d+ MB bucket|\d+ MB reduce bucket", "DDP's bucket size, a setting"),
     (r"every 100 ms|500 ms bins|per 100 MHz", "a sampling setting, a unit"),
     (r"within ±1 %", "compare.py's --until-interval setting"),
+    (r"\d+–\d+ GPUs", "a span of GPU counts, a setting"),
     (r"\b1 % noisy threshold", "the harness's setting"),
 ]
 
