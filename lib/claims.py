@@ -228,9 +228,11 @@ class Evidence:
         for folder in (base, self.root, self.root / "results"):
             path = (folder / argument).resolve()
             if any(character in argument for character in "*?[{"):
-                pattern = str(folder / argument)
-                names = [pattern.replace("{" + group + "}", choice) for group in re.findall(r"\{([^}]*)\}", pattern)
-                         for choice in group.split(",")] if "{" in pattern else [pattern]
+                names = [str(folder / argument)]
+                while any("{" in name for name in names):  # {a,b} as a shell expands it
+                    names = [name[:match.start()] + choice + name[match.end():]
+                             for name in names for match in [re.search(r"\{([^{}]*)\}", name)]
+                             for choice in match[1].split(",")]
                 found = sorted({pathlib.Path(name).resolve() for each in names for name in glob.glob(each, recursive=True)
                                 if pathlib.Path(name).is_file()})
                 if found:
