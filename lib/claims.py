@@ -279,7 +279,7 @@ def same_build(b, a):
 
 ACROSS_MACHINES = ("across machines", "across gpus", "different gpus", "different machines", "another gpu",
                    "another machine", "two machines")
-ACROSS_BUILDS = ("across commits", "different commits", "two commits", "another commit")
+ACROSS_BUILDS = ("across commits", "different commits", "two commits", "another commit", "machines and commits")
 
 
 def across_words(unit, machines, builds):
