@@ -1,39 +1,42 @@
 """Every measured figure in the documents' hand-written prose, traced to the committed files and checked against
-them (tests/test_claims.py; `python lib/claims.py` prints what fails).
+them (tests/test_claims.py; `python lib/claims.py [DOCUMENT ...]` prints what fails).
 
 A figure is a number that was measured: one with a decimal point or thousands separators, a percentage, a ratio
 written with ×, a signed difference, a range (`3,498–3,632`) or a number with a unit (`55 ms`, `11,360 MiB`,
-`4,690 img/s`). Bare counts and settings (`256 images`, `2 GPUs`) are not figures. Generated blocks
-(`<!-- generated:NAME -->`), code blocks, code spans, link targets and comments are not prose.
+`4,690 img/s`). Bare counts and settings (`256 images`, `2 GPUs`), versions and dates are not figures; hardware data
+and settings written with a unit are listed in NOT_MEASURED. Generated blocks (`<!-- generated:NAME -->`), code
+blocks, code spans, link targets and comments are not prose.
 
-The unit of a claim is a sentence, or a table row. Every unit that holds a figure names its source:
+A claim is a sentence (an annotation just after its full stop still belongs to it) or a table row. Every one that
+holds a figure names its source:
 
-- a link to a committed file (`[s4-…-a](../results/…/s4-native-2gpu-bf16-256-a.json)`) or a code span that names
-  one or a glob of them (`results/nvidia-h200-2026-12-01c/s19-*-sums-*.json`), relative to the document or to the
-  repository;
-- or an annotation, a comment the reader does not see, best placed right after the figures it covers:
-  - `<!-- from: PATHS -->`: the figures come from these files (files, folders or globs, relative to the repository);
-  - `<!-- ratio: B-PATHS / A-PATHS ; ... -->`: the figures are B against A, one pair of sides after another;
+- a link to a committed result (`[s4-…-a](../results/…/s4-native-2gpu-bf16-256-a.json)`) or a code span that names
+  one or a glob of them (`results/nvidia-h200-2026-12-01c/s19-*-sums-*.json`);
+- or an annotation, a comment the reader does not see, placed right after the figures it covers:
+  - `<!-- from: PATHS -->`: the figures come from these files;
+  - `<!-- ratio: B-PATHS / A-PATHS; B-PATHS / A-PATHS -->`: the figures set B against A, pair after pair;
   - `<!-- range: PATHS -->`: the figures range over the repeats of the named runs' configurations;
-    `<!-- range img/s: PATHS -->` also checks that the range just before it is their img/s from lowest to highest;
-  - `<!-- computed: HOW -->` (analytic figures) and `<!-- published: SOURCE -->` (figures of others, the source
-    named in the sentence or here).
-  Annotations in a table's header row name the source of every row.
-Figures that were not measured here (hardware data, settings written with a unit) are in NOT_MEASURED.
+    `<!-- range img/s: PATHS -->` also checks that the range written before it is their img/s, lowest to highest;
+  - `<!-- table: NAME -->`: the figures before it (in its table cell) restate the generated block NAME, and appear
+    in it as written;
+  - `<!-- computed: HOW -->` (analytic figures) and `<!-- published: SOURCE -->` (figures of others).
+  A table's header row may name the source of all its rows.
+PATHS are files, folders or globs ({a,b} as a shell expands it), relative to the document, the repository or
+results/; a name without a folder is in the folder of the name before it.
 
-What is checked, from the committed files (results read once, grouped into configurations as report.py groups them):
+What is checked, against the committed results (read once; configurations as report.py groups them):
 
-- every path named exists;
-- sides of one comparison: the result files that a unit names as its sources (links, code spans, `from:`) must
-  come from one machine and one build (git commit and software versions), and each pair of a `ratio:` from the
-  same GPUs (the A side's among B's, as for scaling) and the same build; otherwise the unit says "across machines"
-  (or "across GPUs") or "across commits";
-- a range names every committed repeat: the ok results with the configuration of each run a `range:` names are all
-  named (a repeat left out is reported);
-- a pick is said: a unit whose sources include a noisy result or a comparison with noisy rounds says "noisy"; one
-  that cites a single run that is the fastest of three or more repeats of its configuration says "best of" (or
-  "fastest of"); one that cites a comparison cites every committed comparison of the same two commands;
-- a result written from a dirty tree (its commit does not say which code ran) is named with the word "dirty".
+- every path names a committed file;
+- like for like: the results named by one `from:` annotation, and those linked from a claim, come from one machine
+  (report.py's: the GPUs that ran together) and one build (git commit and software versions); each pair of a
+  `ratio:` ran on the same GPUs (for scaling, A's among B's) with the same build; otherwise the claim says so
+  ("across machines", "across GPUs", "across commits", "two commits", ...);
+- a range covers every committed repeat: each ok result with the configuration of a run that a `range:` names is
+  named too;
+- picks are said: a claim that rests on a noisy result or a comparison with noisy rounds says "noisy"; a sentence
+  that quotes the img/s of a single run, the fastest of three or more repeats of its configuration, says "best of"
+  (or "fastest of"); a claim that cites a comparison cites every committed comparison of the same two commands;
+- a result written from a dirty tree (its commit does not name the code that ran) is said with the word "dirty".
 """
 import functools
 import glob
@@ -41,16 +44,19 @@ import importlib.util
 import json
 import pathlib
 import re
-import statistics
 import sys
 
-REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import analysis  # noqa: E402
+
+REPOSITORY = analysis.REPOSITORY
 DOCUMENTS = ("README.md", "docs/performance.md", "docs/sharding.md", "lightning/README.md", "slurm/README.md")
 
 
 def documents(root=REPOSITORY):
     """The documents whose prose is checked: the fixed ones and every README under experiments/."""
-    found = [*DOCUMENTS, *sorted(str(path.relative_to(root)) for path in pathlib.Path(root).glob("experiments/**/README.md"))]
+    experiments = sorted(str(path.relative_to(root)) for path in pathlib.Path(root).glob("experiments/**/README.md"))
+    found = [*DOCUMENTS, *experiments]
     return [document for document in found if (pathlib.Path(root) / document).is_file()]
 
 
@@ -65,7 +71,6 @@ NOT_MEASURED = [
     (r"every 100 ms|500 ms bins|per 100 MHz", "a sampling setting, a unit"),
     (r"within ±1 %", "compare.py's --until-interval setting"),
     (r"\d+–\d+ GPUs", "a span of GPU counts, a setting"),
-    (r"\b1 % noisy threshold", "the harness's setting"),
 ]
 
 # ---------------------------------------------------------------------------- the prose
@@ -73,12 +78,13 @@ NOT_MEASURED = [
 GENERATED = re.compile(r"<!-- generated:(?P<name>[a-z0-9-]+) -->\n.*?<!-- /generated:(?P=name) -->", re.DOTALL)
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.DOTALL | re.MULTILINE)
 COMMENT = re.compile(r"<!--(.*?)-->", re.DOTALL)
-ANNOTATION = re.compile(r"^\s*(?P<kind>from|ratio|range|table|computed|published)(?:\s+(?P<quantity>img/s))?:\s*(?P<args>.*?)\s*$",
-                        re.DOTALL)
+ANNOTATION = re.compile(r"^\s*(?P<kind>from|ratio|range|table|computed|published)(?:\s+(?P<quantity>img/s))?:"
+                        r"\s*(?P<args>.*?)\s*$", re.DOTALL)
 LINK = re.compile(r"\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)\)")
-CODE = re.compile(r"`+([^`\n]+?)`+")
+CODE = re.compile(r"`+([^`]+?)`+")
 VERSION = re.compile(r"\b(?:torch|PyTorch|NCCL|cuDNN|CUDA|Python|Lightning|fairscale|Slurm|torchvision|cu)"
-                     r"\s?(?:after |before )?\d+(?:\.\d+)+\+?\w*|\b\d+\.\d+\.\d+\b|\b\d{4}-\d{2}-\d{2}\b|\bv\d+(?:\.\d+)+")
+                     r"\s?(?:after |before )?\d+(?:\.\d+)+\+?\w*"
+                     r"|\b\d+\.\d+\.\d+\b|\b\d{4}-\d{2}-\d{2}\b|\bv\d+(?:\.\d+)+")
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 UNIT = r"%|ms\b|µs\b|MiB\b|MB\b|GiB\b|GB\b|img/s|W\b|MHz\b|TB/s|TFLOP/s|GFLOP\b|s\b|points?\b"
 FIGURE = re.compile(rf"(?<![\w.,/\-–])(?P<sign>[+−±]|×)?(?P<low>{NUMBER})"
@@ -123,9 +129,17 @@ class Unit:
             found.append((match[0].strip(), match.start()))
         return found
 
-    def says(self, *words):
-        text = re.sub(r"\s+", " ", self.table or self.words).lower()
-        return any(word in text for word in words)
+    def says(self, *words, segment=None):
+        """Whether the unit (or the segment (start, end) of it that a claim covers) says one of the words."""
+        text = self.table or (self.words if segment is None else self.words[segment[0]:segment[1]])
+        return any(word in re.sub(r"\s+", " ", text).lower() for word in words)
+
+    def segment(self, position):
+        """The stretch of the unit an annotation at position covers: from the annotation before it (or the start of
+        its table cell) to it."""
+        before = [raw.index("-->", offset) + 3 for *_, offset in self.annotations if offset < position
+                  for raw in [self.raw]]
+        return max([*before, self.raw.rfind("|", 0, position) + 1, 0]), position
 
     def covered_by_header(self):
         return bool(self.header and self.header.annotations)
@@ -166,7 +180,7 @@ def units_of(document, text):
                 if not re.fullmatch(r"\s*\|[\s:|-]*\|?\s*", row):
                     units.append(Unit(document, start + offset + 1, row, header))
             return
-        items, item_start = [], start
+        items = []
         for offset, line in enumerate(block):
             if offset == 0 or LIST_ITEM.match(line) or line.lstrip().startswith("#"):
                 items.append([start + offset, line])
@@ -233,8 +247,8 @@ class Evidence:
                     names = [name[:match.start()] + choice + name[match.end():]
                              for name in names for match in [re.search(r"\{([^{}]*)\}", name)]
                              for choice in match[1].split(",")]
-                found = sorted({pathlib.Path(name).resolve() for each in names for name in glob.glob(each, recursive=True)
-                                if pathlib.Path(name).is_file()})
+                found = sorted({pathlib.Path(name).resolve() for each in names
+                                for name in glob.glob(each, recursive=True) if pathlib.Path(name).is_file()})
                 if found:
                     return found
             elif path.is_dir():
@@ -247,12 +261,11 @@ class Evidence:
         """The text of the generated block NAME in one of the documents that hold them, or None."""
         if not hasattr(self, "blocks"):
             self.blocks = {}
-            for document in ("README.md", "docs/performance.md", "docs/results.md", "docs/scaling.md",
-                             "docs/sharding.md", "lightning/README.md"):
+            for document in analysis.DOCUMENTS:
                 path = self.root / document
                 if path.is_file():
-                    for match in GENERATED.finditer(path.read_text(encoding="utf-8")):
-                        self.blocks[match["name"]] = match[0]
+                    for match in analysis.GENERATED.finditer(path.read_text(encoding="utf-8")):
+                        self.blocks[match["name"]] = match["body"]
         return self.blocks.get(name)
 
     def relative(self, path):
@@ -271,31 +284,24 @@ def same_devices(b, a):
     return bool(a["devices"]) and (a["devices"] == b["devices"] or a["devices"] < b["devices"])
 
 
-def same_build(b, a):
-    return b["commit"] == a["commit"] and all(
-        b["software"][name] == a["software"][name] for name in b["software"]
-        if b["software"][name] is not None and a["software"][name] is not None)
-
-
 ACROSS_MACHINES = ("across machines", "across gpus", "different gpus", "different machines", "another gpu",
                    "another machine", "two machines")
 ACROSS_BUILDS = ("across commits", "different commits", "two commits", "another commit", "machines and commits")
 
 
-def across_words(unit, machines, builds):
+def across_words(unit, segment, machines, builds):
     problems = []
-    if machines and not unit.says(*ACROSS_MACHINES):
+    if machines and not unit.says(*ACROSS_MACHINES, segment=segment):
         problems.append("its sides ran on different GPUs, and it does not say so (\"across machines\")")
-    if builds and not unit.says(*ACROSS_BUILDS):
+    if builds and not unit.says(*ACROSS_BUILDS, segment=segment):
         problems.append("its sides ran different commits or software, and it does not say so (\"across commits\")")
     return problems
 
 
 def covered(unit, figures, position):
-    """The figures an annotation at position covers: those after the annotation before it, in the same table cell."""
-    before = [offset for *_, offset in unit.annotations if offset < position]
-    start = max([*before, unit.raw.rfind("|", 0, position), -1])
-    return [(figure, offset) for figure, offset in figures if start < offset < position]
+    """The figures an annotation at position covers: those in its segment."""
+    start, end = unit.segment(position)
+    return [(figure, offset) for figure, offset in figures if start <= offset < end]
 
 
 def resolved(run):
@@ -303,9 +309,12 @@ def resolved(run):
 
 
 def check_unit(unit, facts, base):
-    """The problems of one unit, each a line of text."""
+    """The problems of one unit, each a line of text.
+
+    Each source is a claim: (kind, files, pairs, segment), where segment is the stretch of the unit whose words
+    count for it (an annotation's own, or the whole unit for its links and code spans)."""
     figures = unit.figures()
-    problems, linked, groups, ranged, pairs, described = [], [], [], [], [], False
+    problems, claims, described = [], [], False
 
     def files(argument):
         found = facts.expand(argument, base)
@@ -331,14 +340,8 @@ def check_unit(unit, facts, base):
                 folder = token.rsplit("/", 1)[0] + "/"
         return lists
 
-    for target in unit.links:
-        target = target.split("#")[0]
-        if target and not re.match(r"[a-z]+:", target) and target.endswith(".json"):
-            linked += files(target)
-    for code in unit.codes:
-        if "/" in code and re.search(r"\.json$|\*", code) and " " not in code.strip():
-            linked += facts.expand(code.strip(), base)  # a code span that names no file is a name, not a source
     for kind, quantity, args, position in unit.annotations:
+        segment = unit.segment(position)
         if kind in ("computed", "published"):
             described = True
             if not args:
@@ -348,89 +351,93 @@ def check_unit(unit, facts, base):
             block = facts.generated(args)
             if block is None:
                 problems.append(f"table: {args}: no generated block of that name")
-            else:
-                for figure, _ in covered(unit, figures, position):
-                    number = FIGURE.match(figure)
-                    number = number["low"] + (f"–{number['high']}" if number["high"] else "")
-                    if number not in block:
-                        problems.append(f"{figure} is not in the generated block {args} (it says what it says now)")
-        elif kind == "ratio":
-            listed = sides(args.replace(";", " ; "))
-            separators = [token for token in args.replace(";", " ; ").split() if token in ("/", ";")]
-            if separators[::2] != ["/"] * len(separators[::2]) or separators[1::2] != [";"] * len(separators[1::2]) \
-                    or len(listed) % 2:
-                problems.append(f"ratio: {args!r} is not B-files / A-files; ...")
                 continue
-            pairs += [listed[index:index + 2] for index in range(0, len(listed), 2)]
+            for figure, _ in covered(unit, figures, position):
+                number = FIGURE.match(figure)
+                number = number["low"] + (f"–{number['high']}" if number["high"] else "")
+                if number not in block:
+                    problems.append(f"{figure} is not in the generated block {args} (it says what it says now)")
+        elif kind == "ratio":
+            separators = [token for token in args.replace(";", " ; ").split() if token in ("/", ";")]
+            if separators != ["/", ";"] * (len(separators) // 2) + ["/"]:
+                problems.append(f"ratio: {args!r} is not B-files / A-files; B-files / A-files ...")
+                continue
+            listed = sides(args)
+            pairs = [listed[index:index + 2] for index in range(0, len(listed), 2)]
+            claims.append(("ratio", [found for pair in pairs for side in pair for found in side], pairs, segment))
         else:
             named = [found for side in sides(args) for found in side]
-            ranged.extend(named) if kind == "range" else groups.append(named)
+            claims.append((kind, named, [], segment))
             if kind == "range" and quantity:
                 problems += range_values(unit, covered(unit, figures, position), named, facts, quantity)
-    groups.append([found for found in linked if found not in ranged])  # the runs of a range are its repeats
-    plain = [found for group in groups for found in group]
-    sources = plain + ranged + [found for pair in pairs for side in pair for found in side]
-    if figures and not sources and not described and not unit.covered_by_header():
+    ranged = {found for kind, named, _, _ in claims if kind == "range" for found in named}
+    linked = [found for target in unit.links for found in
+              (files(target.split("#")[0]) if target.split("#")[0].endswith(".json")
+               and not re.match(r"[a-z]+:", target) else [])]
+    linked += [found for code in unit.codes if "/" in code and re.search(r"\.json$|\*", code) and " " not in code
+               for found in facts.expand(code, base)]  # a code span that names no file is a name, not a source
+    if linked:
+        claims.append(("link", [found for found in linked if found not in ranged], [], None))
+    if figures and not any(named for _, named, _, _ in claims) and not described and not unit.covered_by_header():
         shown = ", ".join(figure for figure, _ in figures[:4])
-        return [f"{unit}: {shown}: no source (a link to a committed file or a <!-- from: --> annotation)"]
+        problems.append(f"{shown}: no source (a link to a committed file or a <!-- from: --> annotation)")
+        return [f"{unit}: {problem}" for problem in problems]
 
-    runs = lambda paths: [facts.runs[path] for path in paths if path in facts.runs]  # noqa: E731
-    comparisons = lambda paths: [(path, facts.comparisons[path]) for path in paths if path in facts.comparisons]  # noqa: E731
+    def runs(paths):
+        return [facts.runs[path] for path in paths if path in facts.runs]
 
-    # one comparison's sides: one machine and one build, or said
-    for group in groups:  # the files of one from: annotation, and those linked, are one comparison's sides
-        group_runs = runs(group)
-        problems += across_words(unit, len({run["machine"] for run in group_runs}) > 1,
-                                 len({(run["commit"], json.dumps(run["software"], sort_keys=True))
-                                      for run in group_runs}) > 1)
-    for b_paths, a_paths in pairs:
-        b_runs, a_runs = runs(b_paths), runs(a_paths)
-        problems += across_words(unit, any(not same_devices(b, a) for b in b_runs for a in a_runs),
-                                 any(not same_build(b, a) for b in b_runs for a in a_runs))
-    point = plain + [found for pair in pairs for side in pair for found in side]
-    for _, document in comparisons(point):
-        if document.get("like_for_like") is False:
-            problems += across_words(unit, True, True)
-
-    # a range names every committed repeat
-    named = set(ranged)
-    for run in runs(ranged):
-        if run["status"] != "ok":
-            continue
-        missing = [other for other in facts.repeats[run["config"]] if resolved(other) not in named]
-        if missing:
-            shown = ", ".join(facts.relative(resolved(other)) for other in missing[:3])
-            problems.append(f"a range that leaves out {len(missing)} committed repeat(s) of the configuration of "
-                            f"{facts.relative(resolved(run))}: {shown}")
-            named |= {resolved(other) for other in missing}
-
-    # picks are said: noisy sources, the best of several runs, one comparison of several
-    noisy = [path for path in point if (path in facts.runs and facts.runs[path]["noisy"])
-             or (path in facts.comparisons and (facts.comparisons[path].get("noisy_rounds") or 0) > 0)]
-    if noisy and not unit.says("noisy"):
-        problems.append(f"{facts.relative(noisy[0])} is noisy (a noisy result, or noisy rounds), "
-                        "and the sentence does not say \"noisy\"")
-    cited = set(point) | set(ranged)
-    for run in runs(plain + [found for b_side, _ in pairs for found in b_side]):  # a fast A side makes B look slower
-        group = facts.repeats.get(run["config"], []) if run["status"] == "ok" else []
-        others = [other for other in group if other is not run]
-        quoted = f"{run['images_per_second']:,.0f}" in unit.text  # the run's speed is what the unit cites
-        if (quoted and not unit.in_table and len(group) >= 3 and run["images_per_second"] > max(other["images_per_second"] for other in others)
-                and not any(resolved(other) in cited for other in others) and not unit.says("best of", "fastest of")):
-            problems.append(f"{facts.relative(resolved(run))} is the fastest of {len(group)} repeats of its "
-                            "configuration, cited alone, and the sentence does not say \"best of\"")
-    for path, document in comparisons(point):
-        same = [other for other, each in facts.comparisons.items() if each.get("commands") == document.get("commands")]
-        left_out = [other for other in same if other not in cited]
-        if left_out:
-            problems.append(f"{facts.relative(path)} is one of {len(same)} committed comparisons of the same "
-                            f"commands, and {', '.join(facts.relative(other) for other in left_out)} is not named")
-
-    # a dirty tree is said
-    dirty = [run for run in runs(sources) if run["dirty"]]
-    if dirty and not unit.says("dirty"):
-        problems.append(f"{facts.relative(resolved(dirty[0]))} was written from a dirty tree (its commit does not say "
-                        "which code ran), and the sentence does not say \"dirty\"")
+    cited = {found for _, named, _, _ in claims for found in named}
+    for kind, named, pairs, segment in claims:
+        # like for like, or said: one from: or the links are one comparison's sides; a ratio pair by pair
+        if kind in ("from", "link"):
+            group = runs(named)
+            problems += across_words(unit, segment, len({run["machine"] for run in group}) > 1,
+                                     len({(run["commit"], json.dumps(run["software"], sort_keys=True))
+                                          for run in group}) > 1)
+        for b_paths, a_paths in pairs:
+            b_runs, a_runs = runs(b_paths), runs(a_paths)
+            problems += across_words(unit, segment, any(not same_devices(b, a) for b in b_runs for a in a_runs),
+                                     any(not analysis.same_build(b, a) for b in b_runs for a in a_runs))
+        if kind != "range" and any(facts.comparisons.get(path, {}).get("like_for_like") is False for path in named):
+            problems += across_words(unit, segment, True, True)
+        # a range names every committed repeat
+        if kind == "range":
+            for run in runs(named):
+                missing = [other for other in facts.repeats.get(run["config"], []) if resolved(other) not in named]
+                if run["status"] == "ok" and missing:
+                    shown = ", ".join(facts.relative(resolved(other)) for other in missing[:3])
+                    problems.append(f"a range that leaves out {len(missing)} committed repeat(s) of the configuration "
+                                    f"of {facts.relative(resolved(run))}: {shown}")
+        # picks are said: noisy sources, the best of several runs, one comparison of several
+        noisy = [path for path in named if (path in facts.runs and facts.runs[path]["noisy"])
+                 or (facts.comparisons.get(path, {}).get("noisy_rounds") or 0) > 0]
+        if kind != "range" and noisy and not unit.says("noisy", segment=segment):
+            problems.append(f"{facts.relative(noisy[0])} is noisy (a noisy result, or noisy rounds), "
+                            "and the sentence does not say \"noisy\" with it")
+        speeds = named if kind != "ratio" else [found for b_side, _ in pairs for found in b_side]  # not A's
+        for run in runs(speeds) if kind != "range" and not unit.in_table else []:
+            group = facts.repeats.get(run["config"], []) if run["status"] == "ok" else []
+            others = [other for other in group if other is not run]
+            quoted = f"{run['images_per_second']:,.0f}" in unit.text  # the run's own speed is what is cited
+            best = len(group) >= 3 and run["images_per_second"] > max(other["images_per_second"] for other in others)
+            if (best and quoted and not any(resolved(other) in cited for other in others)
+                    and not unit.says("best of", "fastest of", segment=segment)):
+                problems.append(f"{facts.relative(resolved(run))} is the fastest of {len(group)} repeats of its "
+                                "configuration, cited alone, and the sentence does not say \"best of\"")
+        for path in named if kind != "range" else []:
+            if path not in facts.comparisons:
+                continue
+            same = [other for other, each in facts.comparisons.items()
+                    if each.get("commands") == facts.comparisons[path].get("commands")]
+            left_out = [other for other in same if other not in cited]
+            if left_out:
+                problems.append(f"{facts.relative(path)} is one of {len(same)} committed comparisons of the same "
+                                f"commands, and {', '.join(facts.relative(other) for other in left_out)} is not named")
+        # a dirty tree is said
+        dirty = [run for run in runs(named) if run["dirty"]]
+        if dirty and not unit.says("dirty", segment=segment):
+            problems.append(f"{facts.relative(resolved(dirty[0]))} was written from a dirty tree (its commit does "
+                            "not say which code ran), and the sentence does not say \"dirty\" with it")
     return [f"{unit}: {problem}" for problem in dict.fromkeys(problems)]
 
 
