@@ -1,68 +1,55 @@
-"""Tables, plots, a regression check and the documents' generated answers from the benchmarks' result files.
+"""Tables, plots, a regression check and the documents' generated blocks from the benchmarks' result files.
 
     python report.py results/                                   # Markdown report on stdout
     python report.py results/ runs/ --markdown report.md --plots plots/
     python report.py runs/ci.json --check-against results/nvidia-h200-x2-2026-11-30b --tolerance 5%
     python report.py runs/s-*.json --sharding                   # only the sharding tables of oss_benchmark.py
-    python report.py results --markdown docs/results.md         # regenerate the committed report
-    python report.py results --check-markdown docs/results.md   # exit 1 when that file is stale
     python report.py --docs                                     # regenerate the documents' generated blocks
     python report.py --check-docs                               # exit 1 when one of them is stale
 
 Inputs are result files or folders, searched recursively for *.json (hidden files, such as a run's half-written
-.tmp-*.json, are left out). Each file is validated with schema/result.schema.json (versions 1 and 2); a file that
-cannot be read, is not JSON, fails the schema or is nested too deeply is skipped with a one-line warning on stderr
-naming the first broken rule; when every file is skipped, that is one error line. Comparison files written by
-compare.py are not results: they feed the comparison table instead.
-
-Every result is read through upgrade(), which turns an older file into the current format: the options its script
-did not record yet take the values that script used (benchmark_extras.py's defaults), its memory window is the
-timed steps, a Lightning result from before the variant was recorded reads "variant unknown", and a version-1 file
-gets a launch_id derived from what it has (see launch_id_of_version_1).
+.tmp-*.json, are left out). Each file is validated with schema/result.schema.json; a file that cannot be read, is
+not JSON or fails the schema is skipped with a one-line warning naming the first broken rule; when every file is
+skipped, that is one error line. compare.py's comparison files feed the comparison table.
 
 A configuration is everything that changes what is measured: the device (GPU name, or the CPU), the torch version,
 model, image size, precision, memory format, compile mode, optimizer, then the benchmark, strategy, script-specific
 options (shown next to the strategy where they tell rows apart), node count, world size, batch mode and batch
 sizes. Step counts, seeds, learning rate, timeouts and output paths are not part of it, nor are DDP's options on
 one rank (the native script and its twin build no DDP there), nor FSDP's options for the other strategies; NCCL's
-tuning variables in the recorded environment are (nccl_environment). Results with the same
-configuration are repeats: the ok ones become one row (the median of each figure, and the range of throughput
-over every repeat, with the number of runs and machines behind it); a result that did not end ok gets a row of its
-own, marked with its status, and is left out of every comparison. A row whose results found their own run
-unsteady (stability noisy: halves of the timed steps that differ, or a host-bound step) is marked "noisy: repeat
-or interleave"; results without a stability verdict say "stability unknown".
+tuning variables in the recorded environment are (nccl_environment). Results with the same configuration are
+repeats: the ok ones become one row (the median of each figure, the range of throughput over every repeat, the
+number of runs and machines); a result that did not end ok gets a row of its own, marked with its status, and
+stays out of every comparison. Results that found their own run unsteady (halves of the timed steps that differ,
+or a host-bound step) are marked "noisy: repeat or interleave"; those without a verdict "stability unknown".
 
 Pairing rules: a ratio (scaling, Lightning / native, strategy / ddp, option / default) is computed only between
 results of the same machine (the same GPU UUIDs; on the CPU the same hosts and CPU; for scaling, base runs on the
-larger run's own GPUs, covering all of them), the same git commit and the same software versions (torch, CUDA,
-cuDNN, NCCL, torchvision, Lightning, fairscale, where both record them). Each run of the numerator is divided by
-the median of its like-for-like denominators, and the range over those runs is printed with their count. A pair
-without such a partner is printed from the rows' medians and labelled "across machines" or "across
-commits/software"; it never makes a headline.
-
+larger run's own GPUs, covering all of them), the same git commit and the same software versions (lib/analysis.py's
+SOFTWARE, where both record them). Each run of the numerator is divided by the median of its like-for-like
+denominators, and the range over those runs is printed with their count. A pair without such a partner is printed
+from the rows' medians and labelled "across machines" or "across commits/software"; it never makes a headline.
 Peak memory is compared only between results that took it over the same steps (their memory window).
 
-Tables (Markdown): every configuration (rank 0's median throughput ± MAD, the all-GPU throughput and its range,
-MFU, peak memory); weak and strong scaling (efficiency = throughput(N) / (N / N_base x throughput(N_base)), N_base
-the smallest count of the series); Lightning over native DDP, with the twin's variant; the sharding strategies of
-oss_benchmark.py, one table per launch (launch_id), each strategy against the ddp of its own launch, with the
-phases, host time, collectives and optimizer state of its analysis.
+Tables (Markdown): every configuration; weak and strong scaling (efficiency = throughput(N) / (N / N_base x
+throughput(N_base)), N_base the smallest count of the series); Lightning over native DDP; the sharding strategies
+of oss_benchmark.py, one table per launch, each strategy against the ddp of its own launch; compare.py's comparisons.
 
-Regression check: every current result is compared with the reference result(s) of the same configuration
+Regression check: every current result is compared with the median of the reference results of its configuration
 (software versions aside: catching what a new version costs is the point). A throughput drop or a peak memory rise
-beyond the tolerance, or a status other than ok, is a violation: one line each, exit 1. Several reference results
-of one configuration are repeats: the check compares with their median. A current result without a reference is
-reported with the fields in which the nearest reference differs; when that leaves nothing checked and nothing
-failed, the reference is incomparable (exit 2).
+beyond the tolerance, or a status other than ok, is a violation: one line each, exit 1. A current result without a
+reference is reported with the fields in which the nearest reference differs; when that leaves nothing checked and
+nothing failed, the reference is incomparable (exit 2).
 
-Generated blocks: the documents (README.md, docs/*.md, lightning/README.md) hold tables between
-<!-- generated:NAME --> and <!-- /generated:NAME -->; --docs regenerates every one of them (report.py's from the
-committed results, following the pairing rules, and scaling_model.py's sections); --check-docs exits 1 when one
-differs.
+Generated blocks: README.md, docs/*.md and lightning/README.md hold blocks between <!-- generated:NAME --> and
+<!-- /generated:NAME --> (lib/analysis.py's engine); --docs regenerates every one of them, report.py's from the
+committed results (results/) and scaling_model.py's sections, and --check-docs exits 1 when one differs.
 
-Exit codes: 0 fine, 1 regression or stale file, 2 unusable invocation (one line on stderr).
+Exit codes: 0 fine, 1 regression or stale block, 2 unusable invocation (one line on stderr).
 """
 
+import ast
+import functools
 import hashlib
 import json
 import math
@@ -78,7 +65,6 @@ from analysis import (EXIT_FAILED, EXIT_OK, REPOSITORY, OneLineArgumentParser,  
                       UsageError, build_of, check_documents, devices_of, is_number, read_inputs, run_cli, same_build,
                       update_documents, write_atomically)
 
-SCHEMA_VERSION = 2  # the version upgrade() turns every result into
 NATIVE, LIGHTNING, OSS = "ddp_resnet50.py", "lightning/ddp_resnet50.py", "oss_benchmark.py"
 # oss_benchmark.py's strategies from the plainest to the most sharded; others follow alphabetically.
 SHARDING_ORDER = ("ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "zero1_overlap", "fsdp_zero2", "fsdp_zero3")
@@ -96,12 +82,6 @@ ACROSS_BUILDS = "across commits/software"
 NO_PEAK = "—"  # MFU where there is no peak to divide by (the CPU, a GPU without a datasheet figure)
 MAX_LINE = 200  # a check line's length at most
 
-# What benchmark_extras.py's options are when not given (tests/test_report.py ties them to its argparse defaults):
-# older results did not record every one of them, and ran these values.
-OPTION_DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
-                   "static_graph": False, "coordinate_descent_tuning": False, "comm_hook": "none",
-                   "cuda_graphs": False, "stem_conv": "torchvision", "max_pool_backward": "torchvision",
-                   "batch_norm": "torchvision"}
 # Options of DDP and of Lightning's DDP strategy: the native script and its twin build no DDP on one rank (and the
 # twin's variants differ only in DDP's stream and a broadcast between ranks), so on one rank they change nothing.
 DDP_OPTIONS = ("bucket_cap_mb", "gradient_as_bucket_view", "broadcast_buffers", "static_graph", "comm_hook",
@@ -119,10 +99,6 @@ ABSENT_BY_DEFAULT = {"inductor_environment", "nccl_environment"}
 # the container's NCCL version), logging, and the error handling the scripts set for CUDA graphs themselves.
 MACHINE_NCCL_VARIABLES = {"NCCL_NVLS_ENABLE", "NCCL_VERSION", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
                           "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
-# Environment variables that committed results older than the recording of the environment ran with, from their
-# campaign's commands.txt (relative to the results folder).
-UNRECORDED_ENVIRONMENT = {"nvidia-h200-x2-2026-11-30/ddp2-native-2gpu-bf16-256-bv-nch4.json":
-                          {"NCCL_MAX_NCHANNELS": "4"}}
 RUN_FIELDS = ("benchmark", "strategy", "options", "num_nodes", "world_size", "batch_mode",
               "batch_size_per_device", "global_batch_size")
 Config = namedtuple("Config", SETUP_FIELDS + RUN_FIELDS)
@@ -146,87 +122,26 @@ NOT_OPTIONS = {"benchmark", "strategy", "device", "backend", "model", "image_siz
                "phase_steps", "profile_steps", "trace_dir", "strategies_in_launch", "optimizer_kwargs"}
 
 
-# ---------------------------------------------------------------------------- older formats
+# ---------------------------------------------------------------------------- runs
 
-def upgrade(result, path=None):
-    """A valid result of any readable version in the current format (a new dict; the input is left alone), so
-    that the rest of this report reads one format:
-    - launch_id: a version-1 file's is derived from what it records (launch_id_of_version_1);
-    - config: the options its script did not record yet, with the values the script used (unrecorded_options),
-      and the environment of a committed result that did not record it (UNRECORDED_ENVIRONMENT, by its path);
-    - memory.window: results without one took their peaks over the timed steps;
-    - stability: null where the file has none (read as "stability unknown");
-    - schema_version: SCHEMA_VERSION."""
-    upgraded = dict(result)
-    if result["schema_version"] == 1:
-        upgraded["launch_id"] = launch_id_of_version_1(result)
-    environment = (result.get("software") or {}).get("environment")
-    if environment is None and path is not None:
-        environment = UNRECORDED_ENVIRONMENT.get("/".join(pathlib.Path(path).parts[-2:]))
-    upgraded["config"] = unrecorded_options(result["config"], result["benchmark"], result["world"]["world_size"],
-                                            environment)
-    if isinstance(result.get("memory"), dict) and "window" not in result["memory"]:
-        upgraded["memory"] = {**result["memory"], "window": TIMED_STEPS}
-    upgraded.setdefault("stability", None)
-    upgraded["schema_version"] = SCHEMA_VERSION
-    return upgraded
-
-
-def launch_id_of_version_1(result):
-    """Version 1 has no launch_id. Every result of one oss_benchmark.py launch names the launch's --output with
-    -<strategy> added before .json, and shares its commit and day, so the launch is
-    "v1:<benchmark>:<output without -<strategy>>@<git commit>@<date of started_at>". (A result of the other scripts
-    is a launch of its own: its output path stands as written.)"""
-    output = result["config"].get("output") or ""
-    suffix = f"-{result['strategy']}.json"
-    if result["benchmark"] == OSS and output.endswith(suffix):
-        output = output[:-len(suffix)] + ".json"
-    return f"v1:{result['benchmark']}:{output}@{result['git'].get('commit')}@{result['started_at'][:10]}"
-
-
-def unrecorded_options(config, benchmark, world_size, environment=None):
-    """The recorded options, with what a run used where it recorded nothing:
-    - benchmark_extras.py's options recorded since they were added (--comm-hook, --broadcast-buffers, the
-      computation options): their defaults, OPTION_DEFAULTS (the sharding benchmark computes torchvision's model);
-    - the fp16 loss scale (recorded since --loss-scale): dynamic where the GradScaler ran, none otherwise;
-    - the compiled-DDP mode: a compiled run over several ranks split its graph at DDP's buckets (PyTorch's
-      default, ddp_optimizer), in the native script and in the Lightning twin alike;
-    - Inductor's coordinate-descent tuning (recorded since --coordinate-descent-tuning): on in the max-autotune
-      modes and under TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, off otherwise;
-    - any other TORCHINDUCTOR_ variable the run was given (its cache folder aside), as inductor_environment:
-      it changes what Inductor generates; NCCL's tuning variables (the machine's own settings and logging aside), as
-      nccl_environment: they change how the gradients travel;
-    - cuDNN's autotuning limit (null where a script left it alone): PyTorch's default where cuDNN autotuned;
-    - the Lightning twin's variant (recorded since the twin ran Lightning's stock loop as well): unknown (null),
-      since the twin's pieces changed over the results written before the choice."""
-    config, environment = dict(config), environment or {}
-    if config.get("loss_scale") is None:
-        config["loss_scale"] = "dynamic" if config.get("grad_scaler") else None
-    if benchmark == LIGHTNING:
-        config.setdefault("lightning_variant", None)
-    if (config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config
-            and benchmark in (NATIVE, LIGHTNING)):
-        config["compiled_ddp"] = "ddp_optimizer"
-    if "coordinate_descent_tuning" not in config:
-        config["coordinate_descent_tuning"] = bool(config.get("compile")) and (
-            environment.get("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "0").lower() in ("1", "true")
-            or str(config.get("compile_mode")).startswith("max-autotune"))
-    for name, value in OPTION_DEFAULTS.items():
-        config.setdefault(name, value)
+def config_of(result):
+    """The result's config as the tables compare it: a null cuDNN autotuning limit is PyTorch's default where cuDNN
+    autotuned; the TORCHINDUCTOR_ variables the run was given (its cache folder aside) are inductor_environment,
+    since they change what Inductor generates; NCCL's tuning variables (the machine's own settings and logging
+    aside) are nccl_environment, since they change how the gradients travel."""
+    config, environment = dict(result["config"]), (result.get("software") or {}).get("environment") or {}
     if config.get("cudnn_benchmark_limit") is None:
         config["cudnn_benchmark_limit"] = TORCH_CUDNN_BENCHMARK_LIMIT if config.get("cudnn_benchmark") else None
     inductor = {name: value for name, value in environment.items() if name.startswith("TORCHINDUCTOR_")
                 and name not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING")}
-    if inductor:
-        config["inductor_environment"] = inductor
     nccl = {name: value for name, value in environment.items()
             if name.startswith(("NCCL_", "TORCH_NCCL_")) and name not in MACHINE_NCCL_VARIABLES}
+    if inductor:
+        config["inductor_environment"] = inductor
     if nccl:
         config["nccl_environment"] = nccl
     return config
 
-
-# ---------------------------------------------------------------------------- runs
 
 def device_name_of(config, hardware):
     if config["device"] == "cpu":
@@ -253,8 +168,8 @@ def stability_of(result):
 
 
 def make_run(path, result):
-    """The figures of one upgraded result that the tables use."""
-    world, config = result["world"], result["config"]
+    """The figures of one result that the tables use."""
+    world, config = result["world"], config_of(result)
     hardware = result.get("hardware") or {}
     throughput = result.get("throughput") or {}
     memory = result.get("memory") or {}
@@ -331,7 +246,7 @@ def assign_machines(runs):
 def load_documents(paths, what="input"):
     """(runs, comparisons): every readable result under paths as a run, and every compare.py comparison."""
     results, comparisons = read_inputs(paths, "report.py", what)
-    runs = [make_run(path, upgrade(result, path)) for path, result in results]
+    runs = [make_run(path, result) for path, result in results]
     return assign_machines(name_unknown_gpus(runs)), comparisons
 
 
@@ -553,14 +468,24 @@ def applies(name, config):
 
 
 def usual_value(name, seen):
-    defaults = {**OPTION_DEFAULTS, "lightning_variant": "stock"}  # the twin's default variant
-    if name in defaults:
-        default = json.dumps(defaults[name])
-        if default in seen:
-            return default
+    """The scripts' default where a run used it, else the most common known value (null is unknown)."""
+    defaults = {**script_defaults(), "lightning_variant": "stock"}  # the twin's variant without --matched
+    if name in defaults and json.dumps(defaults[name]) in seen:
+        return json.dumps(defaults[name])
     if name in ABSENT_BY_DEFAULT:
         return None
-    return max(sorted(set(seen), key=lambda value: (value is not None, value or "")), key=seen.count)
+    known = [value for value in seen if value != "null"] or seen
+    return max(sorted(set(known), key=lambda value: (value is not None, value or "")), key=known.count)
+
+
+@functools.cache
+def script_defaults():
+    """What benchmark_extras.py's options record when not given: the scripts' EXTRA_DEFAULTS (read from
+    ddp_resnet50.py, which imports torch, without importing it)."""
+    tree = ast.parse((REPOSITORY / NATIVE).read_text(encoding="utf-8"))
+    [value] = [node.value for node in tree.body if isinstance(node, ast.Assign)
+               and [getattr(target, "id", None) for target in node.targets] == ["EXTRA_DEFAULTS"]]
+    return ast.literal_eval(value)
 
 
 def scaling_series(rows, batch_mode):
@@ -1274,12 +1199,13 @@ def plot_memory(plt, rows, labels, title):
 # ---------------------------------------------------------------------------- generated answers
 
 ANY = object()  # a setting an answer does not restrict
-# What the native script runs without options on one H200 (upgraded results record every one of these).
+# What the native script runs without options on one H200 (the results record every one of these).
 DEFAULT_RUN = {"benchmark": NATIVE, "strategy": "ddp", "device": "cuda", "model": "resnet50", "image_size": 224,
                "precision": "bf16", "memory_format": "channels_last", "optimizer": "sgd", "compile_mode": None,
                "batch_mode": "per_device", "batch_size_per_device": 256, "world_size": 1, "num_nodes": 1,
-               **OPTION_DEFAULTS, "loss_scale": None, "cudnn_benchmark": True, "cudnn_benchmark_limit": 10,
-               "compiled_ddp": None, "inductor_environment": None, "nccl_environment": None}
+               **{name: value for name, value in script_defaults().items() if name not in NOT_OPTIONS},
+               "loss_scale": None, "cudnn_benchmark": True, "cudnn_benchmark_limit": 10, "compiled_ddp": None,
+               "inductor_environment": None, "nccl_environment": None}
 TWIN = {"benchmark": LIGHTNING, "strategy": "lightning_ddp"}
 FASTEST = {"precision": "fp16", "loss_scale": 1024.0, "compile_mode": "default", "coordinate_descent_tuning": True,
            "cuda_graphs": True, "stem_conv": "space_to_depth", "max_pool_backward": "dense", "batch_norm": "sums"}
