@@ -58,6 +58,7 @@ import pathlib
 import re
 import statistics
 import sys
+import textwrap
 from collections import defaultdict, namedtuple
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "lib"))
@@ -71,7 +72,7 @@ SHARDING_ORDER = ("ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "zero1_overlap",
 COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
 NO_RESULTS = ("No results committed yet: run the benchmarks on a GPU machine, put the result files under "
               "`results/<machine kind>-<date>/` (see `results/README.md`) and run "
-              "`python report.py results --markdown docs/results.md`.")
+              "`python report.py --docs`.")
 # What a result's memory.window says when it is absent: the scripts took peak memory over the timed steps only.
 TIMED_STEPS = "timed steps"
 NOISY = "noisy: repeat or interleave"
@@ -683,31 +684,30 @@ def table(header, lines):
     return "\n".join(out)
 
 
-def wrap(text, width=120):
-    """A paragraph cut into lines of at most width characters (Markdown joins them again)."""
-    lines, line = [], ""
-    for word in text.split(" "):
-        if line and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    return "\n".join(lines + [line])
+def wrap(text):
+    """A paragraph cut into lines of at most 120 characters (Markdown joins them again)."""
+    return textwrap.fill(text, 120, break_long_words=False, break_on_hyphens=False)
 
 
 def sources_text(rows, base):
     counts = defaultdict(int)
-    for row in rows:
-        for run in row["runs"]:
-            counts[display_path(run["path"].parent, base)] += 1
-    return wrap("Results from " + ", ".join(f"`{folder}` ({count} file{'s' * (count > 1)})"
-                                            for folder, count in sorted(counts.items())) + ".")
+    for run in runs_of(rows):
+        counts[run["path"].parent.resolve()] += 1
+    return wrap("Results from " + ", ".join(f"{link(folder, base, display_path(folder))} ({count} file"
+                                            f"{'s' * (count > 1)})" for folder, count in sorted(counts.items())) + ".")
 
 
-def display_path(path, base):
-    """Relative to base where the path lies under it (the repository, a Markdown file's folder or the current one)."""
+def display_path(path, base=REPOSITORY):
+    """Relative to the repository where the path lies in it, else to base where it lies under it."""
     path = pathlib.Path(path).resolve()
-    return (path.relative_to(base).as_posix() or ".") if path.is_relative_to(base) else path.as_posix()
+    root = next((root for root in (REPOSITORY, pathlib.Path(base).resolve()) if path.is_relative_to(root)), None)
+    return (path.relative_to(root).as_posix() or ".") if root else path.as_posix()
+
+
+def link(path, base, text=None):
+    """A Markdown link to path from a document in the folder base, named text (the file's stem by default)."""
+    path = pathlib.Path(path).resolve()
+    return f"[{text or path.stem}]({os.path.relpath(path, base)}{'/' if path.is_dir() else ''})"
 
 
 def all_runs_table(rows, labels):
@@ -944,39 +944,50 @@ SHARDING_EXPLANATION = wrap(
 
 # ---------------------------------------------------------------------------- comparisons (compare.py)
 
-def comparison_of(path, document):
-    """A compare.py comparison in a few fields, or None where it lacks what a table needs."""
+def comparison_label(a, b):
+    """What B changes against A: another script (with the options both share), or B's further options."""
+    def script_and_options(command):
+        words = command.split()
+        start = next((i for i, word in enumerate(words) if word.endswith(".py")), 0)
+        return words[start], words[start + 1:]
+    (script_a, options_a), (script_b, options_b) = script_and_options(a or ""), script_and_options(b or "")
+    if script_a != script_b:
+        names = {"lightning/ddp_resnet50.py": "the twin (stock)", "ddp_resnet50.py": "native"}
+        shared = " ".join(options_a) if options_a == options_b else f"{' '.join(options_a)} / {' '.join(options_b)}"
+        return (f"{names.get(script_b, f'`{script_b}`')} / {names.get(script_a, f'`{script_a}`')}"
+                + (f", both `{shared}`" if shared.strip() else ""))
+    extra = [option for option in options_b if option not in options_a]
+    if {"--coordinate-descent-tuning", "--sums-batch-norm", "--cuda-graphs"} <= set(extra):
+        precision = extra[extra.index("--precision") + 1] if "--precision" in extra else "bf16"
+        extra = f"the fastest mode in {precision}"  # performance.md's section of that name gives its options
+    else:
+        extra = f"`{' '.join(extra)}`"
+    return f"{extra} / " + (f"`{' '.join(options_a)}`" if options_a else "the default")
+
+
+def comparison_result(document):
+    """B / A with its 95 % interval and pairs, or the single pair a run cut short left, saying so."""
+    pairs = document.get("pairs") if isinstance(document.get("pairs"), list) else []
     interval = document.get("interval_95")
-    if not is_number(document.get("ratio")) or not (isinstance(interval, list) and len(interval) == 2
-                                                      and all(is_number(value) for value in interval)):
-        return None
-    commands = document.get("commands") or {}
-    pairs = document.get("pairs")
-    return {"path": path, "a": commands.get("a") or document.get("a"), "b": commands.get("b") or document.get("b"),
-            "ratio": document["ratio"], "interval": tuple(interval),
-            "pairs": len(pairs) if isinstance(pairs, list) else pairs,
-            "rounds": len(document["rounds"]) if isinstance(document.get("rounds"), list) else None,
-            "like_for_like": document.get("like_for_like", True), "status": document.get("status", "ok")}
-
-
-def comparison_rows(comparisons):
-    rows = [comparison_of(path, document) for path, document in comparisons]
-    return sorted((row for row in rows if row and row["status"] == "ok"), key=lambda row: str(row["path"]))
+    label = "" if document.get("like_for_like", True) else f" {ACROSS_BUILDS}"
+    if not pairs or not is_number(document.get("ratio")):
+        return f"no complete pair ({document.get('status')})"
+    if isinstance(interval, list) and len(interval) == 2:
+        return (f"{document['ratio']:.3f}{label} (95 % interval {interval[0]:.3f}–{interval[1]:.3f}; "
+                f"{len(pairs)} pairs)")
+    return f"{document['ratio']:.3f}{label} from {len(pairs)} pair, no interval (stopped: {document.get('status')})"
 
 
 def comparisons_table(comparisons, base):
-    """B against A from compare.py's paired rounds: the ratio with its 95 % interval."""
-    lines = []
-    for row in comparison_rows(comparisons):
-        low, high = row["interval"]
-        label = "" if row["like_for_like"] else f" {ACROSS_BUILDS}"
-        lines.append([f"`{row['a']}`", f"`{row['b']}`", f"{row['ratio']:.3f}{label}", f"{low:.3f}–{high:.3f}",
-                      str(row["pairs"]), f"`{display_path(row['path'], base)}`"])
-    if not lines:
-        return None
-    header = ["A", "B", "B / A throughput", "95 % interval", "pairs", "file"]
-    return "\n\n".join(["**Comparisons** (compare.py: A and B alternated in ABBA order on one machine)",
-                        table(header, lines)])
+    """compare.py's comparisons: B against A, alternated in ABBA order on one machine, with the 95 % interval."""
+    rows = []
+    for path, document in sorted(comparisons, key=lambda item: str(item[0])):
+        commands = document.get("commands") or {}
+        gpus = sorted({uuid[:8] for side in (document.get("machine") or {}).values() if isinstance(side, dict)
+                       for uuid in side.get("gpu_uuids") or []})
+        rows.append([comparison_label(commands.get("a"), commands.get("b")), comparison_result(document),
+                     ", ".join(gpus) or "—", link(path, base)])
+    return table(["B / A", "B / A throughput", "GPU", "file"], rows) if rows else "No comparisons (compare.py)."
 
 
 # ---------------------------------------------------------------------------- the report
@@ -1014,9 +1025,8 @@ def render_markdown(runs, base, heading="###", comparisons=()):
         parts += sharding_tables(runs_of(setup_rows), base)
     if any(run["config"].benchmark == OSS for run in runs):
         parts.append(SHARDING_EXPLANATION)
-    compared = comparisons_table(comparisons, base)
-    if compared:
-        parts += [f"{heading} Comparisons", compared]
+    if comparisons:
+        parts += [f"{heading} Comparisons", comparisons_table(comparisons, base)]
     return "\n\n".join(parts) + "\n"
 
 
@@ -1059,33 +1069,30 @@ def prepare_plots(directory):
         raise UsageError(f"--plots {directory}: cannot be written ({error.strerror})")
 
 
-def write_plots(runs, directory):
-    """Throughput against GPU count, step-time distributions and peak memory, one PNG of each per setup."""
+def print_plots(runs, directory):
+    """Throughput against GPU count, step-time distributions and peak memory, one PNG of each per setup; a note on
+    stderr for each plot with nothing to show."""
     import matplotlib
     matplotlib.use("Agg")  # headless: no display on a cluster or in CI
     import matplotlib.pyplot as plt
-
-    directory = pathlib.Path(directory)
     setups = rows_by_setup(aggregate(runs))
-    written, notes = [], []
     for setup in sorted(setups, key=order):
-        setup_rows, title, name = setups[setup], setup_title(setup), slug(setup_title(setup))
+        setup_rows, title = setups[setup], setup_title(setup)
         labels = option_labels({row["config"] for row in setup_rows})
         for kind, plot in (("scaling", plot_scaling), ("step_times", plot_step_times), ("memory", plot_memory)):
             figure = plot(plt, setup_rows, labels, title)
             if figure is None:
-                notes.append(f"no {kind.replace('_', ' ')} plot for {title}: nothing to show "
-                             f"({'no GPU memory counters' if kind == 'memory' else 'no comparable runs'})")
+                print(f"report.py: note: no {kind.replace('_', ' ')} plot for {title}: nothing to show "
+                      f"({'no GPU memory counters' if kind == 'memory' else 'no comparable runs'})", file=sys.stderr)
                 continue
-            path = directory / f"{kind}-{name}.png"
+            path = pathlib.Path(directory) / f"{kind}-{slug(title)}.png"
             try:
                 figure.savefig(path, dpi=120, bbox_inches="tight", metadata={"Software": None})
             except OSError as error:
-                raise UsageError(f"--plots {directory}: cannot be written ({error.strerror})")
+                raise UsageError(f"--plots {directory}: cannot be written ({error.strerror})") from None
             finally:
                 plt.close(figure)
-            written.append(path)
-    return written, notes
+            print(f"wrote {path}")
 
 
 def tick_text(value, _position):
@@ -1300,23 +1307,13 @@ def scaling_of(runs, base_runs):
     return f"{range_text(values, percent_text)} % ({counted(paired)}{alone})"
 
 
-def loss_text(runs, base_runs):
-    """What scaling loses from the ideal, 1 - efficiency, as a range: '1.7–2.3 %'."""
-    values, _ = scaling_values(runs, base_runs)
-    return f"{range_text([100 * (1 - value) for value in values], lambda value: f'{value:.1f}')} %"
-
-
-def link(path, base):
-    return f"[{pathlib.Path(path).stem}]({os.path.relpath(path, base)})"
-
-
 def files_text(runs, base, limit=3):
     """Links to the result files, or to their campaign folders where there are more than limit."""
     paths = sorted({run["path"].resolve() for run in runs})
     if len(paths) <= limit:
         return ", ".join(link(path, base) for path in paths)
     folders = sorted({path.parent for path in paths})
-    shown = ", ".join(f"[{folder.name}]({os.path.relpath(folder, base)}/)" for folder in folders[:limit])
+    shown = ", ".join(link(folder, base, folder.name) for folder in folders[:limit])
     more = f" and {len(folders) - limit} more" if len(folders) > limit else ""
     return f"{len(paths)} files in {shown}{more}"
 
@@ -1361,74 +1358,39 @@ def launches_text(ratios, used):
             f"{len({run['machine'] for run in used})} machine{'s' * (len({run['machine'] for run in used}) != 1)})")
 
 
-def summary_answers(evidence):
-    """README.md's results summary: the table and the sentence under it."""
-    e = evidence
-    default, fastest = e.pick(), e.pick(**FASTEST)
-    two, two_nobb = e.pick(world_size=2), e.pick(world_size=2, broadcast_buffers=False)
-    compiled_base, compiled = e.pick(compile_mode="default"), e.pick(**COMPILED_TWO, bucket_cap_mb=50.0,
-                                                                     broadcast_buffers=False)
-    twin_one = e.pick(**TWIN)
-    matched_two = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=False, lightning_sigterm_sync=False)
-    stock_pieces = e.pick(**TWIN, world_size=2, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
-                          lightning_ddp_side_stream=ANY)
-    native_no_views = e.pick(world_size=2, gradient_as_bucket_view=False)
-    sharding = {name: e.sharding(name, **SHARDING_SGD) for name in SHARDING_ORDER[1:]}
-    ddp_runs = [run for _, used in sharding.values() for run in used if run["config"].strategy == "ddp"]
-    peaks = sorted({run["peak_allocated_mib"] for run in ddp_runs})
-    saved = [run["analysis"]["memory"]["expected_optimizer_state_saving_bytes_vs_ddp"] / MIB
-             for _, used in sharding.values() for run in used if run["config"].strategy == "zero1"]
-    sharding_link = "[docs/sharding.md](docs/sharding.md#measured-on-2--h200)"
-    rows = [
-        ["DDP speed", "1 GPU, eager (the default)", rates_text(default), e.files(default)],
-        ["DDP speed", "1 GPU, fastest mode measured (fp16, compiled, captured, tuned)", median_text(fastest),
-         "[docs/performance.md](docs/performance.md#the-fastest-mode)"],
-        ["DDP scaling", "2 GPUs, eager, weak scaling", scaling_of(two, default), e.files(two)],
-        ["DDP scaling", "2 GPUs, eager, `--no-broadcast-buffers`", scaling_of(two_nobb, default), e.files(two_nobb)],
-        ["DDP scaling", "2 GPUs, compiled, 50 MB buckets, no buffer broadcast", scaling_of(compiled, compiled_base),
-         e.files(compiled)],
-        ["Lightning cost", "1 GPU (no DDP: stock and matched run alike) / native", ratio_of(twin_one, default),
-         e.files(twin_one)],
-        ["Lightning cost", "2 GPUs, DDP on the current stream, no SIGTERM broadcast (the matched variant's pieces) / "
-         "native", ratio_of(matched_two, two), e.files(matched_two)],
-        ["Lightning cost", "2 GPUs, stock's side stream and SIGTERM broadcast / native, DDP's bucket views off",
-         ratio_of(stock_pieces, native_no_views), e.files(stock_pieces)],
-        ["Lightning cost", "1 GPU, 32 images (host-bound), matched, interleaved", INTERLEAVED[0],
-         f"[experiments/lightning-interleaved]({INTERLEAVED[1]})"],
-        *[["sharding speed", f"2 GPUs, {label} / DDP", launches_text(*sharding[name]), sharding_link]
-          for name, label in (("oss_ddp", "OSS + DDP"), ("oss_sharded_ddp", "OSS + ShardedDDP"),
-                              ("fsdp_zero2", "FSDP2 ZeRO-2 (one unit)"))],
-        ["sharding memory", "2 GPUs, optimizer state saved (SGD) / peak",
-         f"{range_text(saved, lambda value: f'{value:.1f}')} MiB of "
-         f"{range_text(peaks, lambda value: f'{value:,.0f}')} MiB", sharding_link]]
-    return "\n\n".join([table(["question", "configuration", "result", "raw files"], rows),
-                        summary_sentence(e, default, two, two_nobb, compiled_base, sharding)])
-
-
-def summary_sentence(e, default, two, two_nobb, compiled_base, sharding):
-    """The sentence under the summary table, its figures from the same runs."""
-    compiled = e.pick(**COMPILED_TWO, bucket_cap_mb=ANY, broadcast_buffers=ANY)
-    sigterm = e.pick(**TWIN, world_size=2, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
-                     lightning_ddp_side_stream=ANY)
-    without = e.pick(**TWIN, world_size=2, gradient_as_bucket_view=False, lightning_sigterm_sync=False,
-                     lightning_ddp_side_stream=ANY)
+def summary_answers(e):
+    """README.md's results summary: one compact table, and where the raw files are listed."""
+    default, two = e.pick(), e.pick(world_size=2)
+    two_nobb, compiled_base = e.pick(world_size=2, broadcast_buffers=False), e.pick(compile_mode="default")
+    compiled = e.pick(**COMPILED_TWO, bucket_cap_mb=50.0, broadcast_buffers=False)
+    twin_two = {**TWIN, "world_size": 2, "lightning_ddp_side_stream": ANY}
+    sigterm = e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=True)
+    no_sigterm = e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=False)
+    matched = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=False, lightning_sigterm_sync=False)
     side = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False)
-    costs = [1 - ratio for name in SHARDING_ORDER[1:] for ratio in sharding[name][0]]
-    broadcast = paired_ratios(sigterm, without).values
-    streams = paired_ratios(side, two).values
-    return wrap(
-        f"In short: DDP on NVLink loses {loss_text(two, default)} from 1 to 2 GPUs eager with the scripts' defaults "
-        f"({loss_text(two_nobb, default)} with `--no-broadcast-buffers`) and {loss_text(compiled, compiled_base)} "
-        "compiled (the compiled step runs at the power limit); "
-        "stock Lightning costs nothing measurable on one GPU where the GPU sets the pace, but on two GPUs its SIGTERM "
-        f"broadcast costs {range_text([100 * (1 - value) for value in broadcast], lambda value: f'{value:.1f}')} % "
-        "(the twin with it against the twin without it, one machine) and DDP on its side stream "
-        f"{range_text([100 * (1 - value) for value in streams], lambda value: f'{value:.1f}')} %, and its loop 4 % "
-        "when the host sets the pace; sharding ResNet-50 saves under 1 % of the peak memory and costs "
-        f"{range_text([100 * value for value in costs], lambda value: f'{value:.1f}')} % of the speed over every "
-        "committed launch, most in fairscale (why: `docs/sharding.md`). Ratios come only from runs of one machine, "
-        "commit and software; ranges cover every committed repeat. The full generated report of every committed "
-        "result is `docs/results.md`; `docs/performance.md` answers the speed questions.")
+    used = [run for name in SHARDING_ORDER[1:] for run in e.sharding(name, **SHARDING_SGD)[1]]
+    saved = [run["analysis"]["memory"]["expected_optimizer_state_saving_bytes_vs_ddp"] / MIB for run in used
+             if run["config"].strategy == "zero1"]
+    peaks = [run["peak_allocated_mib"] for run in used if run["config"].strategy == "ddp"]
+    rows = [["DDP speed", "1 GPU, eager (the default)", rates_text(default)],
+            ["DDP speed", "1 GPU, the fastest mode (fp16, compiled, captured, tuned)", median_text(e.pick(**FASTEST))],
+            ["DDP scaling", "2 GPUs, eager, the defaults", scaling_of(two, default)],
+            ["DDP scaling", "2 GPUs, eager, `--no-broadcast-buffers`", scaling_of(two_nobb, default)],
+            ["DDP scaling", "2 GPUs, compiled, 50 MB buckets, no buffer broadcast", scaling_of(compiled, compiled_base)],
+            ["Lightning cost", "1 GPU / native", ratio_of(e.pick(**TWIN), default)],
+            ["Lightning cost", "2 GPUs, the matched variant's pieces / native", ratio_of(matched, two)],
+            ["Lightning cost", "2 GPUs, DDP on Lightning's side stream / native", ratio_of(side, two)],
+            ["Lightning cost", "2 GPUs, the twin with its SIGTERM broadcast / without", ratio_of(sigterm, no_sigterm)],
+            ["Lightning cost", "1 GPU, 32 images (host-bound), matched, interleaved", INTERLEAVED[0]],
+            *[["sharding speed", f"2 GPUs, {label} / DDP", launches_text(*e.sharding(name, **SHARDING_SGD))]
+              for name, label in (("oss_ddp", "OSS + DDP"), ("oss_sharded_ddp", "OSS + ShardedDDP"),
+                                  ("fsdp_zero2", "FSDP2 ZeRO-2 (one unit)"))],
+            ["sharding memory", "2 GPUs, optimizer state saved (SGD) / peak",
+             f"{range_text(saved, lambda value: f'{value:.1f}')} MiB of {range_text(peaks, format_mib)} MiB"]]
+    return "\n\n".join([table(["question", "configuration", "result"], rows), wrap(
+        "Ratios pair runs of one machine, commit and software; ranges cover every committed repeat. Every result file "
+        "behind these figures: [docs/results.md](docs/results.md); the speed questions in detail: "
+        "[docs/performance.md](docs/performance.md); sharding: [docs/sharding.md](docs/sharding.md).")])
 
 
 def performance_answers(e):
@@ -1557,59 +1519,13 @@ def lightning_answers(e):
                   "Lightning / native", "files"], rows)
 
 
-def comparison_label(a, b):
-    """What B changes against A: another script (with the options both share), or B's further options."""
-    def script_and_options(command):
-        words = command.split()
-        start = next((i for i, word in enumerate(words) if word.endswith(".py")), 0)
-        return words[start], words[start + 1:]
-    (script_a, options_a), (script_b, options_b) = script_and_options(a or ""), script_and_options(b or "")
-    if script_a != script_b:
-        names = {"lightning/ddp_resnet50.py": "the twin (stock)", "ddp_resnet50.py": "native"}
-        shared = " ".join(options_a) if options_a == options_b else f"{' '.join(options_a)} / {' '.join(options_b)}"
-        return (f"{names.get(script_b, f'`{script_b}`')} / {names.get(script_a, f'`{script_a}`')}"
-                + (f", both `{shared}`" if shared.strip() else ""))
-    extra = [option for option in options_b if option not in options_a]
-    if {"--coordinate-descent-tuning", "--sums-batch-norm", "--cuda-graphs"} <= set(extra):
-        precision = extra[extra.index("--precision") + 1] if "--precision" in extra else "bf16"
-        extra = [f"the fastest mode in {precision}"]  # performance.md's section of that name gives its options
-    else:
-        extra = [f"`{' '.join(extra)}`"]
-    return f"{extra[0]} / " + (f"`{' '.join(options_a)}`" if options_a else "the default")
-
-
-def comparison_result(document):
-    """B / A with its 95 % interval and pairs, or the single pair a run cut short left, saying so."""
-    pairs = document.get("pairs") if isinstance(document.get("pairs"), list) else []
-    interval = document.get("interval_95")
-    if not pairs or not is_number(document.get("ratio")):
-        return f"no complete pair ({document.get('status')})"
-    if isinstance(interval, list) and len(interval) == 2:
-        return (f"{document['ratio']:.3f} (95 % interval {interval[0]:.3f}–{interval[1]:.3f}; "
-                f"{len(pairs)} pairs)")
-    return f"{document['ratio']:.3f} from {len(pairs)} pair, no interval (stopped: {document.get('status')})"
-
-
-def comparisons_answers(e):
-    """Every committed compare.py comparison: B against A, alternated on one machine, with its interval."""
-    rows = []
-    for path, document in sorted(e.comparisons, key=lambda item: str(item[0])):
-        commands = document.get("commands") or {}
-        gpus = sorted({uuid[:8] for side in (document.get("machine") or {}).values() if isinstance(side, dict)
-                       for uuid in side.get("gpu_uuids") or []})
-        rows.append([comparison_label(commands.get("a"), commands.get("b")), comparison_result(document),
-                     ", ".join(gpus) or "—", link(pathlib.Path(path).resolve(), e.base)])
-    if not rows:
-        return "No comparisons committed yet (`python compare.py`)."
-    return table(["B / A", "B / A throughput", "GPU", "file"], rows)
-
-
 def sections(runs, comparisons, root=REPOSITORY):
     """{name: function of a document giving its generated block}: report.py's and scaling_model.py's."""
     def answer(build):
         return lambda document: build(Evidence(runs, document, root, comparisons))
-    return {"summary": answer(summary_answers), "summary-comparisons": answer(comparisons_answers),
-            "comparisons": answer(comparisons_answers), "performance": answer(performance_answers),
+    return {"summary": answer(summary_answers), "results": lambda document: results_document(runs, comparisons),
+            "comparisons": lambda document: comparisons_table(comparisons, (root / document).parent),
+            "performance": answer(performance_answers),
             "one-gpu": answer(one_gpu_answers), "sharding": answer(sharding_answers),
             "lightning-cost": answer(lightning_answers), **tool_module("scaling_model").SECTIONS}
 
@@ -1750,105 +1666,67 @@ def check_against(runs, reference_runs, tolerance, reference_path):
     return EXIT_OK, lines
 
 
-# ---------------------------------------------------------------------------- files
-
-def markdown_document(runs, out, inputs, comparisons=()):
-    """The report as a Markdown file at out: paths relative to the repository when out lies in it (else to out's
-    folder), so that the file is the same wherever the command runs, and a first line that says how to remake it."""
-    out = pathlib.Path(out).resolve()
-    base = REPOSITORY if out.is_relative_to(REPOSITORY) else out.parent
-    command = " ".join(["python report.py", *[display_path(pathlib.Path(p), base) for p in inputs],
-                        "--markdown", display_path(out, base)])
-    return (f"# Benchmark results\n\n<!-- generated by `{command}`: edit the results, not this file -->\n\n"
-            f"{render_markdown(runs, base, heading='##', comparisons=comparisons)}"), command
-
-
-def read_text(path, option):
-    try:
-        return pathlib.Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{option} {path}: cannot be read ({getattr(error, 'strerror', None) or error})")
-
-
-def write_text(path, text, option):
-    try:
-        write_atomically(path, text)
-    except OSError as error:
-        raise UsageError(f"{option} {path}: cannot be written ({error.strerror or error})")
-
-
 # ---------------------------------------------------------------------------- command line
 
 def parse_arguments(argv=None):
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("paths", nargs="*", metavar="PATH", help="result files or folders (searched recursively)")
-    parser.add_argument("--markdown", metavar="OUT.md", help="write the Markdown report to this file, its paths "
-                                                             "relative to the repository (to the file's folder outside "
-                                                             "it); default: stdout")
-    parser.add_argument("--sharding", action="store_true", help="print only the sharding tables of oss_benchmark.py, "
-                                                                "one per launch")
-    parser.add_argument("--plots", metavar="DIR", help="write PNG plots into this folder (needs matplotlib)")
-    parser.add_argument("--check-against", metavar="REF", help="reference result file or folder: exit 1 on a "
-                                                               "regression")
-    parser.add_argument("--tolerance", help="allowed throughput drop and memory rise, 5%% or 0.05 (default 5%%)")
-    parser.add_argument("--check-markdown", metavar="FILE.md", help="exit 1 when this file differs from what "
-                                                                   "--markdown would write there")
-    parser.add_argument("--docs", action="store_true", help="regenerate every generated block of the documents "
-                                                            "(report.py's from results/, and scaling_model.py's)")
-    parser.add_argument("--check-docs", action="store_true", help="exit 1 when a generated block differs from what "
-                                                                  "--docs would write")
-    parser.add_argument("--validation", metavar="V.json", help="with --plots: also plot predicted against measured "
-                        "efficiency from scaling_model.py --validate's JSON (scaling-predicted-vs-measured.png)")
+    add = parser.add_argument
+    add("paths", nargs="*", metavar="PATH", help="result files or folders (searched recursively)")
+    add("--markdown", metavar="OUT.md", help="write the Markdown report to this file (default: stdout)")
+    add("--sharding", action="store_true", help="print only the sharding tables of oss_benchmark.py, one per launch")
+    add("--plots", metavar="DIR", help="write PNG plots into this folder (needs matplotlib)")
+    add("--check-against", metavar="REF", help="reference result file or folder: exit 1 on a regression")
+    add("--tolerance", help="allowed throughput drop and memory rise, 5%% or 0.05 (default 5%%)")
+    add("--docs", action="store_true", help="regenerate every generated block of the documents from results/")
+    add("--check-docs", action="store_true", help="exit 1 when a generated block differs from what --docs writes")
     args = parser.parse_args(argv)
-    answering = args.docs or args.check_docs
-    if args.validation and not args.plots:
-        raise UsageError("--validation needs --plots: it is a plot")
-    if answering and (args.markdown or args.sharding or args.plots or args.check_against):
-        raise UsageError("--docs and --check-docs combine only with --check-markdown")
-    if answering and not args.paths:
-        args.paths = [str(REPOSITORY / "results")]
-    if not args.paths:
+    if (args.docs or args.check_docs) and (args.paths or args.markdown or args.sharding or args.plots
+                                           or args.check_against):
+        raise UsageError("--docs and --check-docs read results/ and take no other option")
+    if not args.paths and not (args.docs or args.check_docs):
         raise UsageError("the following arguments are required: PATH")
     if args.tolerance is not None and not args.check_against:
         raise UsageError("--tolerance needs --check-against")
-    if args.sharding and (args.markdown or args.check_markdown):
-        raise UsageError("--sharding prints to stdout: drop --markdown and --check-markdown")
+    if args.sharding and args.markdown:
+        raise UsageError("--sharding prints to stdout: drop --markdown")
     args.tolerance = parse_tolerance("5%" if args.tolerance is None else args.tolerance)
     return args
 
 
-def plot_scaling_validation(validation_path, directory):
-    """scaling_model.py's own plot of its --validate JSON: predicted against measured efficiency of every run."""
+def results_document(runs, comparisons):
+    """docs/results.md's block: the report of every committed result."""
+    return render_markdown(runs, REPOSITORY / "docs", heading="##", comparisons=comparisons)
+
+
+def main_docs(check):
+    """Regenerate (or check) every generated block of the documents, from the repository's folder."""
+    runs, comparisons = load_documents([REPOSITORY / "results"])
+    here = os.getcwd()
+    os.chdir(REPOSITORY)  # scaling_model.py's sections name their files relative to it
     try:
-        validation = json.loads(pathlib.Path(validation_path).read_text())
-    except (OSError, ValueError) as error:
-        raise UsageError(f"--validation {validation_path}: not a readable JSON file ({error})") from None
-    if not isinstance(validation, dict) or not isinstance(validation.get("runs"), list):
-        raise UsageError(f"--validation {validation_path}: not scaling_model.py --validate's JSON (no runs)")
-    path = pathlib.Path(directory) / "scaling-predicted-vs-measured.png"
-    tool_module("scaling_model").plot_predicted_against_measured(validation, path)
-    return path
+        blocks = sections(runs, comparisons)
+        return check_documents(blocks) if check else update_documents(blocks)
+    finally:
+        os.chdir(here)
 
 
-def check_markdown_file(runs, comparisons, args):
-    old = read_text(args.check_markdown, "--check-markdown")
-    new, command = markdown_document(runs, args.check_markdown, args.paths, comparisons)
-    if new != old:
-        print(f"{args.check_markdown}: differs from the report of {' '.join(args.paths)}: run {command}",
-              file=sys.stderr)
-        return EXIT_FAILED
-    print(f"{args.check_markdown}: agrees with the report of {' '.join(args.paths)}")
-    return EXIT_OK
+def write_markdown(runs, comparisons, out):
+    text = f"# Benchmark results\n\n{render_markdown(runs, pathlib.Path(out).resolve().parent, '##', comparisons)}"
+    try:
+        write_atomically(out, text)
+    except OSError as error:
+        raise UsageError(f"--markdown {out}: cannot be written ({error.strerror or error})") from None
+    print(f"wrote {out}")
 
 
 def main(argv=None):
     args = parse_arguments(argv)
+    if args.docs or args.check_docs:
+        return main_docs(args.check_docs)
     runs, comparisons = load_documents(args.paths)
-    file_mode = args.markdown or args.check_markdown or args.docs or args.check_docs
-    # A Markdown file may say that there are no results yet; every other use needs some.
-    if not runs and not file_mode:
+    if not runs and not args.markdown:  # a Markdown file may say that there are no results yet
         raise UsageError(f"no result files in {', '.join(args.paths)}")
-    status, checked = EXIT_OK, None
+    checked = None
     if args.check_against:  # an unusable reference ends the run before anything is written
         reference_runs = load_runs([args.check_against], what="reference")
         if not reference_runs:
@@ -1856,33 +1734,19 @@ def main(argv=None):
         checked = check_against(runs, reference_runs, args.tolerance, args.check_against)
     if args.plots:
         prepare_plots(args.plots)
-    if args.check_markdown:
-        status = check_markdown_file(runs, comparisons, args)
-    if args.docs:
-        update_documents(sections(runs, comparisons))
-    if args.check_docs:
-        status = max(status, check_documents(sections(runs, comparisons)))
     if args.markdown:
-        write_text(args.markdown, markdown_document(runs, args.markdown, args.paths, comparisons)[0], "--markdown")
-        print(f"wrote {args.markdown}")
+        write_markdown(runs, comparisons, args.markdown)
     elif args.sharding:
         print(render_sharding(runs, pathlib.Path.cwd()), end="")
-    elif not (args.check_markdown or args.docs or args.check_docs):
+    else:
         print(render_markdown(runs, pathlib.Path.cwd(), heading="##", comparisons=comparisons), end="")
     if args.plots:
-        written, notes = write_plots(runs, args.plots)
-        if args.validation:
-            written.append(plot_scaling_validation(args.validation, args.plots))
-        for note in notes:
-            print(f"report.py: note: {note}", file=sys.stderr)
-        for path in written:
-            print(f"wrote {path}")
-    if checked is not None:
-        code, lines = checked
-        for line in lines:
-            print(line, file=sys.stderr if line.startswith("report.py:") else sys.stdout)
-        status = max(status, code)
-    return status
+        print_plots(runs, args.plots)
+    if checked is None:
+        return EXIT_OK
+    for line in checked[1]:
+        print(line, file=sys.stderr if line.startswith("report.py:") else sys.stdout)
+    return checked[0]
 
 
 if __name__ == "__main__":
