@@ -604,11 +604,11 @@ def render_sharding(runs, base):
 
 # ---------------------------------------------------------------------------- plots
 
-def row_label(config, labels):
-    devices = f"{devices_text(config)} {unit_of(config) if config.world_size == 1 else units_of(config)}"
+def row_label(config, labels, with_devices=True):
+    devices = f" · {devices_text(config)} {unit_of(config) if config.world_size == 1 else units_of(config)}"
     batch = (f"{config.batch_size_per_device} img/{unit_of(config)}" if config.batch_mode == "per_device"
              else f"global batch {config.global_batch_size:,}")
-    return f"{config.benchmark} · {strategy_text(config, labels)} · {devices} · {batch}"
+    return f"{config.benchmark} · {strategy_text(config, labels)}{devices * with_devices} · {batch}"
 
 
 def slug(text):
@@ -668,37 +668,34 @@ def plot_scaling(plt, rows, labels, title):
                                                   ("global", scaling_series(rows, "global"))) if series]
     if not panels:
         return None
-    unit, units = unit_of(rows[0]["config"]), units_of(rows[0]["config"])
     figure, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False,
                                 layout="constrained")
     for axis, (mode, series_list) in zip(axes[0], panels):
-        counts = set()
-        for index, series in enumerate(series_list):
-            color = plt.cm.tab10(index % 10)
-            sizes = [row["config"].world_size for row in series]
-            rates = [row["images_per_second"] for row in series]
-            counts.update(sizes)
-            base = series[0]
-            config = base["config"]
-            batch = (f"{config.batch_size_per_device} img/{unit}" if mode == "per_device"
-                     else f"global batch {config.global_batch_size:,}")
-            axis.plot(sizes, rates, "o-", color=color,
-                      label=f"{config.benchmark} · {strategy_text(config, labels)} · {batch}")
-            ideal = [base["images_per_second"] * size / config.world_size for size in sizes]
-            # One legend entry says what every dashed line is.
-            axis.plot(sizes, ideal, "--", color=color, alpha=0.6,
-                      label=f"ideal: linear from the fewest {units} (dashed, same colour)" if index == 0 else None)
-        axis.set_xticks(sorted(counts))
-        axis.set_xlabel(f"{units[0].upper()}{units[1:]} (world size)")
-        axis.set_ylabel("Throughput (images/s, all ranks)")
-        axis.set_ylim(bottom=0)
-        axis.yaxis.set_major_formatter(plt.FuncFormatter(tick_text))
-        axis.grid(alpha=0.3)
-        axis.set_title("Weak scaling (fixed batch per device)" if mode == "per_device"
-                       else "Strong scaling (fixed global batch)", fontsize=10)
-        axis.legend(fontsize=7, loc="upper left")
-    figure.suptitle(f"Throughput against {unit} count\n{title}", fontsize=10)
+        plot_series(plt, axis, mode, series_list, labels)
+    figure.suptitle(f"Throughput against {unit_of(rows[0]['config'])} count\n{title}", fontsize=10)
     return figure
+
+
+def plot_series(plt, axis, mode, series_list, labels):
+    """One panel: each series' throughput against its GPU count, and its ideal (linear from its base) dashed."""
+    units = units_of(series_list[0][0]["config"])
+    for index, series in enumerate(series_list):
+        color, sizes = plt.cm.tab10(index % 10), [row["config"].world_size for row in series]
+        base = series[0]
+        axis.plot(sizes, [row["images_per_second"] for row in series], "o-", color=color,
+                  label=row_label(base["config"], labels, with_devices=False))
+        ideal = [base["images_per_second"] * size / base["config"].world_size for size in sizes]
+        # One legend entry says what every dashed line is.
+        axis.plot(sizes, ideal, "--", color=color, alpha=0.6,
+                  label=f"ideal: linear from the fewest {units} (dashed, same colour)" if index == 0 else None)
+    axis.set_xticks(sorted({row["config"].world_size for series in series_list for row in series}))
+    axis.set(xlabel=f"{units[0].upper()}{units[1:]} (world size)", ylabel="Throughput (images/s, all ranks)")
+    axis.set_ylim(bottom=0)
+    axis.yaxis.set_major_formatter(plt.FuncFormatter(tick_text))
+    axis.grid(alpha=0.3)
+    axis.set_title("Weak scaling (fixed batch per device)" if mode == "per_device"
+                   else "Strong scaling (fixed global batch)", fontsize=10)
+    axis.legend(fontsize=7, loc="upper left")
 
 
 def plot_step_times(plt, rows, labels, title):
@@ -727,13 +724,9 @@ def plot_step_times(plt, rows, labels, title):
         axis.xaxis.set_minor_formatter(plt.NullFormatter())
     else:
         axis.set_xlim(left=0)
-    axis.grid(axis="x", alpha=0.3)
     axis.plot([], [], color="tab:orange", label="median")
     axis.plot([], [], "^", markerfacecolor="white", markeredgecolor="black", label="mean")
-    axis.xaxis.set_major_formatter(plt.FuncFormatter(tick_text))
-    figure.legend(fontsize=8, loc="outside lower center", ncols=2)
-    axis.set_title(f"Per-step time distributions (box: quartiles, whiskers: 1.5 × IQR)\n{title}", fontsize=10)
-    return figure
+    return finished(plt, figure, axis, f"Per-step time distributions (box: quartiles, whiskers: 1.5 × IQR)\n{title}")
 
 
 def plot_memory(plt, rows, labels, title):
@@ -758,13 +751,16 @@ def plot_memory(plt, rows, labels, title):
     axis.set_xlabel("Peak memory per rank (MiB, largest over the ranks" +
                     (f"; {next(iter(windows))})" if len(windows) == 1 else ")"))
     axis.set_xlim(0, max(reserved + allocated) * 1.15)
+    return finished(plt, figure, axis, f"Peak GPU memory per strategy\n{title}")
+
+
+def finished(plt, figure, axis, title):
+    """A horizontal plot's value axis labelled and gridded, its legend under it and its title."""
     axis.xaxis.set_major_formatter(plt.FuncFormatter(tick_text))
     axis.grid(axis="x", alpha=0.3)
     figure.legend(fontsize=8, loc="outside lower center", ncols=2)
-    axis.set_title(f"Peak GPU memory per strategy\n{title}", fontsize=10)
+    axis.set_title(title, fontsize=10)
     return figure
-
-
 
 
 # ---------------------------------------------------------------------------- generated answers
@@ -1145,11 +1141,18 @@ def fitted(starts, items, limit=MAX_LINE):
     return (starts[-1] + f"{len(items)} fields")[:limit]
 
 
-def mismatch_starts(template, name, reference_path):
-    """template with the paths as given, then with their file names only: the fields must fit in the line."""
+INCOMPARABLE = "incomparable: no result in {where} has the configuration of {name}; the nearest differs in "
+UNCHECKED = ("report.py: warning: {name}: not checked, no reference in {where} with its configuration; the nearest "
+             "differs in ")
+
+
+def mismatch_line(template, name, run, references, reference_path, limit=MAX_LINE):
+    """template with the paths as given, else with their file names only, then the fields in which the nearest
+    reference differs, as many as fit within limit characters."""
     where = display_path(reference_path, pathlib.Path.cwd())
-    return [template.format(name=name, where=where),
-            template.format(name=pathlib.Path(name).name, where=pathlib.Path(where).name)]
+    starts = [template.format(name=name, where=where),
+              template.format(name=pathlib.Path(name).name, where=pathlib.Path(where).name)]
+    return fitted(starts, nearest_difference(run["config"], references), limit)
 
 
 def nearest_difference(config, references):
@@ -1186,48 +1189,46 @@ def check_run(run, reference, tolerance, name):
     return violations, notes
 
 
+def reference_of(run, references):
+    """The reference row of run's configuration; of those that differ only in their torch version, the run's own
+    version where there is one."""
+    return min((row for row in references if same_configuration(run["config"], row["config"])),
+               key=lambda row: row["config"].torch != run["config"].torch, default=None)
+
+
 def check_against(runs, reference_runs, tolerance, reference_path):
     """Returns (exit code, lines to print)."""
     references = [row for row in aggregate(reference_runs) if row["status"] == "ok"]
     if not references:
         raise UsageError(f"--check-against {reference_path}: no result with status ok to compare with")
-    violations, checked, unmatched, lines = [], 0, [], []
+    violations, notes, unmatched, checked = [], [], [], 0
     for run in sorted(runs, key=lambda run: str(run["path"])):
         name = display_path(run["path"], pathlib.Path.cwd())
+        reference = reference_of(run, references)
         if run["status"] != "ok":
             violations.append(f"{name}: status {run['status']}: {run['failure'] or 'no message'}")
-            continue
-        # Of references that differ only in their torch version, the run's own version where there is one.
-        reference = min((row for row in references if same_configuration(run["config"], row["config"])),
-                        key=lambda row: row["config"].torch != run["config"].torch, default=None)
-        if reference is None:
+        elif reference is None:
             unmatched.append((name, run))
-            continue
-        checked += 1
-        found, notes = check_run(run, reference, tolerance, name)
-        violations += found
-        lines += notes
+        else:
+            checked += 1
+            found, noted = check_run(run, reference, tolerance, name)
+            violations, notes = violations + found, notes + noted
     # Nothing compared and nothing failed: the reference is for other configurations, a mistake in the call.
     if unmatched and not checked and not violations:
-        name, run = unmatched[0]
-        template = "incomparable: no result in {where} has the configuration of {name}; the nearest differs in "
-        raise UsageError(fitted(mismatch_starts(template, name, reference_path),
-                                nearest_difference(run["config"], references),
-                                limit=MAX_LINE - len("report.py: error: ")))
-    template = ("report.py: warning: {name}: not checked, no reference in {where} with its configuration; the nearest "
-                "differs in ")
-    for name, run in unmatched:
-        lines.append(fitted(mismatch_starts(template, name, reference_path),
-                            nearest_difference(run["config"], references)))
+        raise UsageError(mismatch_line(INCOMPARABLE, *unmatched[0], references, reference_path,
+                                       limit=MAX_LINE - len("report.py: error: ")))
+    notes += [mismatch_line(UNCHECKED, name, run, references, reference_path) for name, run in unmatched]
+    return check_verdict(violations, notes, checked, len(unmatched), tolerance, reference_path)
+
+
+def check_verdict(violations, notes, checked, unmatched, tolerance, reference_path):
     if violations:
-        lines += [f"REGRESSION {line}" for line in violations]
-        lines.append(f"check failed: {len(violations)} violation{'s' * (len(violations) > 1)} against "
-                     f"{reference_path} (tolerance {tolerance:.1%})")
-        return EXIT_FAILED, lines
-    lines.append(f"check passed: {checked} result{'s' * (checked != 1)} within {tolerance:.1%} of "
-                 f"{reference_path} (throughput, and peak memory over the same steps; {len(unmatched)} without a "
-                 "reference)")
-    return EXIT_OK, lines
+        return EXIT_FAILED, notes + [f"REGRESSION {line}" for line in violations] + [
+            f"check failed: {len(violations)} violation{'s' * (len(violations) > 1)} against {reference_path} "
+            f"(tolerance {tolerance:.1%})"]
+    return EXIT_OK, notes + [f"check passed: {checked} result{'s' * (checked != 1)} within {tolerance:.1%} of "
+                             f"{reference_path} (throughput, and peak memory over the same steps; {unmatched} "
+                             "without a reference)"]
 
 
 # ---------------------------------------------------------------------------- command line
