@@ -19,6 +19,7 @@ import sys
 import pytest
 
 import analysis
+import pairing
 from conftest import ROOT, clean_env, load_script, one_error_line, read_result
 
 REPORT = ROOT / "report.py"
@@ -269,12 +270,12 @@ def test_the_environment_and_cudnns_default_limit_belong_to_the_configuration():
     result["software"]["environment"] = {"TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS": "ATEN", "NCCL_DEBUG": "INFO",
                                          "TORCHINDUCTOR_CACHE_DIR": "/x", "NCCL_P2P_DISABLE": "1",
                                          "NCCL_NVLS_ENABLE": "0"}
-    config = report.config_of(result)
+    config = pairing.config_of(result)
     assert config["cudnn_benchmark_limit"] == 10
     assert config["inductor_environment"] == {"TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS": "ATEN"}
     assert config["nccl_environment"] == {"NCCL_P2P_DISABLE": "1"}
     result["config"].update(cudnn_benchmark=False)
-    assert report.config_of(result)["cudnn_benchmark_limit"] is None
+    assert pairing.config_of(result)["cudnn_benchmark_limit"] is None
 
 
 # ---------------------------------------------------------------------------- tables
@@ -312,7 +313,7 @@ def test_markdown_table_aggregates_repeats_and_marks_failures():
                              "1 run, 1 machine"]
     failure = fixture("native-desync-2proc")["failure"]["message"]
     assert f"- ✗ desync in `native-desync-2proc.json`: {failure}" in markdown
-    assert "Results from `tests/fixtures/results` (15 files)." in markdown
+    assert "Results from [tests/fixtures/results](tests/fixtures/results/) (15 files)." in markdown
 
 
 def test_mfu_is_a_dash_without_a_peak_and_a_percentage_with_one(tmp_path):
@@ -657,9 +658,14 @@ def test_comparison_files_feed_their_table_and_are_no_result(tmp_path):
     write(tmp_path / "good.json", fixture("native-weak-1proc"))
     proc = run_report(tmp_path)
     assert proc.returncode == 0 and proc.stderr == ""
-    assert table_rows(proc.stdout, "Comparisons") == [[
-        "`python ddp_resnet50.py`", "`python ddp_resnet50.py --compile`", "1.460", "1.450–1.470", "3",
-        f"`{tmp_path / 'cmp.json'}`"]]
+    [row] = proc.stdout.split("## Comparisons\n\n")[1].splitlines()[2:]
+    assert row == (f"| `--compile` / the default | 1.460 (95 % interval 1.450–1.470; 3 pairs) | — | "
+                   f"[cmp]({os.path.relpath(tmp_path / 'cmp.json')}) |")
+    write(tmp_path / "cmp.json", {**comparison(a="python ddp_resnet50.py", b="python lightning/ddp_resnet50.py"),
+                                  "like_for_like": False, "interval_95": None, "status": "interrupted"})
+    [row] = run_report(tmp_path).stdout.split("## Comparisons\n\n")[1].splitlines()[2:]
+    assert row.startswith("| the twin (stock) / native | 1.460 across commits/software from 3 pair, no interval "
+                          "(stopped: interrupted) |")
     assert analysis.read_result_file(tmp_path / "cmp.json") == (None, "a comparison (compare.py), not a result")
 
 
@@ -680,11 +686,6 @@ def test_plots_are_written_as_png_and_the_table_still_printed(tmp_path):
     for path in plots.glob("*.png"):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
         assert f"wrote {path}" in proc.stdout
-    validation = write(tmp_path / "v.json", {"max_abs_error_pp": 0.5, "runs": [
-        {"measured": 98.0, "predicted": 98.4, "covered": True}, {"measured": 90.0, "predicted": 97.0, "covered": False}]})
-    proc = run_report(inputs, "--plots", tmp_path / "model", "--validation", validation)  # scaling_model.py's plot
-    assert proc.returncode == 0 and (tmp_path / "model" / "scaling-predicted-vs-measured.png").read_bytes()[:4] == \
-        b"\x89PNG", proc.stderr
     proc = run_report(FIXTURES, "--plots", tmp_path / "cpu")  # CPU results: no memory plot, and it says so
     assert sorted(path.name.split("-")[0] for path in (tmp_path / "cpu").glob("*.png")) == ["scaling", "step_times"]
     assert "no memory plot" in proc.stderr and "no GPU memory counters" in proc.stderr
@@ -841,13 +842,12 @@ def test_inputs_that_are_all_invalid_are_named_in_one_line(tmp_path):
     (["{fixtures}", "--check-against", "/no/such/reference"],
      "report.py: error: /no/such/reference: no such file or folder"),
     (["{fixtures}", "--check-against", "{empty}"], "report.py: error: --check-against {empty}: no result files"),
-    (["{fixtures}", "--check-markdown", "{empty}/results.md"],
-     "report.py: error: --check-markdown {empty}/results.md: cannot be read (No such file or directory)"),
+    (["{fixtures}", "--docs"], "report.py: error: --docs and --check-docs read results/ and take no other option"),
     (["{fixtures}", "--update-readme", "{empty}/README.md"],
      "report.py: error: unrecognized arguments: --update-readme {empty}/README.md"),
     ([], "report.py: error: the following arguments are required: PATH"),
     (["{fixtures}", "--sharding", "--markdown", "{empty}/m.md"],
-     "report.py: error: --sharding prints to stdout: drop --markdown and --check-markdown"),
+     "report.py: error: --sharding prints to stdout: drop --markdown"),
     (["{fixtures}", "--plots", "{fixtures}/../make_report_fixtures.sh/plots"],
      "report.py: error: --plots {fixtures}/../make_report_fixtures.sh/plots: cannot be written (Not a directory)"),
     (["{fixtures}", "--markdown", "{empty}/m.md", "--check-against", "{empty}"],
@@ -926,38 +926,20 @@ def test_markdown_file_is_written_atomically(tmp_path, monkeypatch):
     assert out.read_text().startswith("# Benchmark results") and out.stat().st_mode & 0o777 == 0o640
 
 
-def test_committed_results_markdown_agrees_with_the_report_of_results(committed):
-    runs, comparisons = committed
-    text, command = report.markdown_document(runs, ROOT / "docs" / "results.md", ["results"], comparisons)
-    assert command == "python report.py results --markdown docs/results.md"
-    assert text == (ROOT / "docs" / "results.md").read_text(), f"docs/results.md is stale: run {command}"
-
-
-def test_markdown_file_is_the_same_wherever_made_and_check_sees_staleness(tmp_path):
+def test_markdown_file_links_its_sources_from_its_own_folder(tmp_path):
     results = tmp_path / "results" / "cpu-2026-11-29"
     for name in ("native-weak-1proc", "native-weak-2proc-a"):
         write(results / f"{name}.json", fixture(name))
-    assert run_report("results", "--markdown", "results.md", cwd=tmp_path).returncode == 0
-    text = (tmp_path / "results.md").read_text()
-    # Paths relative to the file's folder where it lies outside the repository, as this one does.
-    assert text.startswith("# Benchmark results\n\n<!-- generated by `python report.py results --markdown "
-                           "results.md`: edit the results, not this file -->\n\n")
-    assert "\n## CPU (" in text and "Results from `results/cpu-2026-11-29` (2 files)." in text
-    again = run_report(tmp_path / "results", "--check-markdown", tmp_path / "results.md", cwd=ROOT)
-    assert again.returncode == 0, again.stderr
-    write(results / "native-weak-2proc-b.json", fixture("native-weak-2proc-b"))
-    stale = run_report("results", "--check-markdown", "results.md", cwd=tmp_path)
-    assert stale.returncode == 1 and stale.stdout == ""
-    assert one_error_line(stale.stderr) == ["results.md: differs from the report of results: run python report.py "
-                                            "results --markdown results.md"]
-    assert (tmp_path / "results.md").read_text() == text  # a check writes nothing
+    (tmp_path / "out").mkdir()
+    assert run_report("results", "--markdown", "out/results.md", cwd=tmp_path).returncode == 0
+    text = " ".join((tmp_path / "out" / "results.md").read_text().split())  # paragraphs joined again
+    assert " ## CPU (" in text and f"Results from [{results}](../results/cpu-2026-11-29/) (2 files)." in text
 
 
 def test_markdown_file_without_results_says_so(tmp_path):
     (tmp_path / "results").mkdir()
     assert run_report("results", "--markdown", "results.md", cwd=tmp_path).returncode == 0
     assert "No results committed yet" in (tmp_path / "results.md").read_text()
-    assert run_report("results", "--check-markdown", "results.md", cwd=tmp_path).returncode == 0
 
 
 def test_long_setup_titles_keep_distinct_plot_names():
