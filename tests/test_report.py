@@ -395,9 +395,11 @@ def test_ratios_are_taken_only_on_one_machine_commit_and_software(tmp_path):
     write(tmp_path / "lightning.json", other)
     assert table_rows(run_report(tmp_path).stdout, "Lightning against native DDP")[0][8] == \
         "0.900 across commits/software"
-    # A second native run on the Lightning run's GPU: it alone is the denominator, and the range counts machines.
+    # Native runs on the Lightning run's GPU: the median of them alone is the denominator, and the range counts
+    # machines.
     write(tmp_path / "lightning.json", on_gpus(rated(lightning, 90.0), "GPU-b"))
-    write(tmp_path / "native-b.json", on_gpus(rated(native, 80.0), "GPU-b"))
+    for name, throughput in (("native-b", 80.0), ("native-b2", 70.0), ("native-b3", 130.0)):
+        write(tmp_path / f"{name}.json", on_gpus(rated(native, throughput), "GPU-b"))
     write(tmp_path / "lightning-a.json", on_gpus(rated(lightning, 95.0), "GPU-a"))
     [row] = table_rows(run_report(tmp_path).stdout, "Lightning against native DDP")
     assert row[8] == "0.950–1.125 (2 runs, 2 machines)"
