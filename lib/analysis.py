@@ -261,9 +261,10 @@ def same_build(a, b):
 # ---------------------------------------------------------------------------- atomic writes
 
 def write_atomically(path, text, overwrite=True):
-    """Write text (str, or bytes such as an image) to path whole or not at all: a temporary file in the same folder (its mode from the umask, or the
-    replaced file's), synced, then renamed over path (overwrite) or linked to it, which refuses a path that exists,
-    even one that another run wrote meanwhile (UsageError). A full disk or a kill leaves the old file whole."""
+    """Write text (str, or bytes such as an image) to path whole or not at all: a temporary file in the same folder
+    (its mode from the umask, or the replaced file's), synced, then renamed over path (overwrite) or linked to it,
+    which refuses a path that exists, even one that another run wrote meanwhile (UsageError). A full disk or a kill
+    leaves the old file whole."""
     path = pathlib.Path(path)
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
