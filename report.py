@@ -879,13 +879,11 @@ def files_text(runs, base, limit=3):
 
 
 class Evidence:
-    """The committed runs, launches and comparisons an answer document draws on, with the document's folder for its
-    links."""
+    """The committed runs and launches an answer document draws on, with the document's folder for its links."""
 
-    def __init__(self, runs, document, root=REPOSITORY, comparisons=()):
-        self.runs, self.base = runs, (pathlib.Path(root) / document).parent
+    def __init__(self, runs, document):
+        self.runs, self.base = runs, (REPOSITORY / document).parent
         self.launches = launches(runs)
-        self.comparisons = comparisons
 
     def pick(self, **settings):
         return pick(self.runs, **settings)
@@ -1080,15 +1078,17 @@ def lightning_answers(e):
                   "Lightning / native", "files"], rows)
 
 
-def sections(runs, comparisons, root=REPOSITORY):
-    """{name: function of a document giving its generated block}: report.py's and scaling_model.py's."""
+def sections(runs, comparisons):
+    """{name: function of a document (its path in the repository) giving its generated block}: report.py's, from
+    the runs and comparisons, and scaling_model.py's."""
     def answer(build):
-        return lambda document: build(Evidence(runs, document, root, comparisons))
-    return {"summary": answer(summary_answers), "results": lambda document: results_document(runs, comparisons),
-            "comparisons": lambda document: comparisons_table(comparisons, (root / document).parent),
-            "performance": answer(performance_answers),
+        return lambda document: build(Evidence(runs, document))
+    return {"summary": answer(summary_answers), "performance": answer(performance_answers),
             "one-gpu": answer(one_gpu_answers), "sharding": answer(sharding_answers),
-            "lightning-cost": answer(lightning_answers), **tool_module("scaling_model").SECTIONS}
+            "lightning-cost": answer(lightning_answers),
+            "results": lambda document: render_markdown(runs, (REPOSITORY / document).parent, "##", comparisons),
+            "comparisons": lambda document: comparisons_table(comparisons, (REPOSITORY / document).parent),
+            **tool_module("scaling_model").SECTIONS}
 
 
 def tool_module(name):
@@ -1257,11 +1257,6 @@ def parse_arguments(argv=None):
         raise UsageError("--sharding prints to stdout: drop --markdown")
     args.tolerance = parse_tolerance("5%" if args.tolerance is None else args.tolerance)
     return args
-
-
-def results_document(runs, comparisons):
-    """docs/results.md's block: the report of every committed result."""
-    return render_markdown(runs, REPOSITORY / "docs", heading="##", comparisons=comparisons)
 
 
 def main_docs(check):
