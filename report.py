@@ -1,66 +1,51 @@
-"""Tables, plots, a regression check and the documents' generated answers from the benchmarks' result files.
+"""Tables, plots, a regression check and the documents' generated blocks from the benchmarks' result files.
 
     python report.py results/                                   # Markdown report on stdout
     python report.py results/ runs/ --markdown report.md --plots plots/
     python report.py runs/ci.json --check-against results/nvidia-h200-x2-2026-11-30b --tolerance 5%
     python report.py runs/s-*.json --sharding                   # only the sharding tables of oss_benchmark.py
-    python report.py results --markdown docs/results.md         # regenerate the committed report
-    python report.py results --check-markdown docs/results.md   # exit 1 when that file is stale
     python report.py --docs                                     # regenerate the documents' generated blocks
     python report.py --check-docs                               # exit 1 when one of them is stale
 
 Inputs are result files or folders, searched recursively for *.json (hidden files, such as a run's half-written
-.tmp-*.json, are left out). Each file is validated with schema/result.schema.json (versions 1 and 2); a file that
-cannot be read, is not JSON, fails the schema or is nested too deeply is skipped with a one-line warning on stderr
-naming the first broken rule; when every file is skipped, that is one error line. Comparison files written by
-compare.py are not results: they feed the comparison table instead.
-
-Every result is read through upgrade(), which turns an older file into the current format: the options its script
-did not record yet take the values that script used (benchmark_extras.py's defaults), its memory window is the
-timed steps, a Lightning result from before the variant was recorded reads "variant unknown", and a version-1 file
-gets a launch_id derived from what it has (see launch_id_of_version_1).
+.tmp-*.json, are left out). Each file is validated with schema/result.schema.json; a file that cannot be read, is
+not JSON or fails the schema is skipped with a one-line warning naming the first broken rule; when every file is
+skipped, that is one error line. compare.py's comparison files feed the comparison table.
 
 A configuration is everything that changes what is measured: the device (GPU name, or the CPU), the torch version,
 model, image size, precision, memory format, compile mode, optimizer, then the benchmark, strategy, script-specific
 options (shown next to the strategy where they tell rows apart), node count, world size, batch mode and batch
 sizes. Step counts, seeds, learning rate, timeouts and output paths are not part of it, nor are DDP's options on
 one rank (the native script and its twin build no DDP there), nor FSDP's options for the other strategies; NCCL's
-tuning variables in the recorded environment are (nccl_environment). Results with the same
-configuration are repeats: the ok ones become one row (the median of each figure, and the range of throughput
-over every repeat, with the number of runs and machines behind it); a result that did not end ok gets a row of its
-own, marked with its status, and is left out of every comparison. A row whose results found their own run
-unsteady (stability noisy: halves of the timed steps that differ, or a host-bound step) is marked "noisy: repeat
-or interleave"; results without a stability verdict say "stability unknown".
+tuning variables in the recorded environment are (nccl_environment). Results with the same configuration are
+repeats: the ok ones become one row (the median of each figure, the range of throughput over every repeat, the
+number of runs and machines); a result that did not end ok gets a row of its own, marked with its status, and
+stays out of every comparison. Results that found their own run unsteady (halves of the timed steps that differ,
+or a host-bound step) are marked "noisy: repeat or interleave"; those without a verdict "stability unknown".
 
 Pairing rules: a ratio (scaling, Lightning / native, strategy / ddp, option / default) is computed only between
 results of the same machine (the same GPU UUIDs; on the CPU the same hosts and CPU; for scaling, base runs on the
-larger run's own GPUs, covering all of them), the same git commit and the same software versions (torch, CUDA,
-cuDNN, NCCL, torchvision, Lightning, fairscale, where both record them). Each run of the numerator is divided by
-the median of its like-for-like denominators, and the range over those runs is printed with their count. A pair
-without such a partner is printed from the rows' medians and labelled "across machines" or "across
-commits/software"; it never makes a headline.
-
+larger run's own GPUs, covering all of them), the same git commit and the same software versions (lib/analysis.py's
+SOFTWARE, where both record them). Each run of the numerator is divided by the median of its like-for-like
+denominators, and the range over those runs is printed with their count. A pair without such a partner is printed
+from the rows' medians and labelled "across machines" or "across commits/software"; it never makes a headline.
 Peak memory is compared only between results that took it over the same steps (their memory window).
 
-Tables (Markdown): every configuration (rank 0's median throughput ± MAD, the all-GPU throughput and its range,
-MFU, peak memory); weak and strong scaling (efficiency = throughput(N) / (N / N_base x throughput(N_base)), N_base
-the smallest count of the series); Lightning over native DDP, with the twin's variant; the sharding strategies of
-oss_benchmark.py, one table per launch (launch_id), each strategy against the ddp of its own launch, with the
-phases, host time, collectives and optimizer state of its analysis.
+Tables (Markdown): every configuration; weak and strong scaling (efficiency = throughput(N) / (N / N_base x
+throughput(N_base)), N_base the smallest count of the series); Lightning over native DDP; the sharding strategies
+of oss_benchmark.py, one table per launch, each strategy against the ddp of its own launch; compare.py's comparisons.
 
-Regression check: every current result is compared with the reference result(s) of the same configuration
+Regression check: every current result is compared with the median of the reference results of its configuration
 (software versions aside: catching what a new version costs is the point). A throughput drop or a peak memory rise
-beyond the tolerance, or a status other than ok, is a violation: one line each, exit 1. Several reference results
-of one configuration are repeats: the check compares with their median. A current result without a reference is
-reported with the fields in which the nearest reference differs; when that leaves nothing checked and nothing
-failed, the reference is incomparable (exit 2).
+beyond the tolerance, or a status other than ok, is a violation: one line each, exit 1. A current result without a
+reference is reported with the fields in which the nearest reference differs; when that leaves nothing checked and
+nothing failed, the reference is incomparable (exit 2).
 
-Generated blocks: the documents (README.md, docs/*.md, lightning/README.md) hold tables between
-<!-- generated:NAME --> and <!-- /generated:NAME -->; --docs regenerates every one of them (report.py's from the
-committed results, following the pairing rules, and scaling_model.py's sections); --check-docs exits 1 when one
-differs.
+Generated blocks: README.md, docs/*.md and lightning/README.md hold blocks between <!-- generated:NAME --> and
+<!-- /generated:NAME --> (lib/analysis.py's engine); --docs regenerates every one of them, report.py's from the
+committed results (results/) and scaling_model.py's sections, and --check-docs exits 1 when one differs.
 
-Exit codes: 0 fine, 1 regression or stale file, 2 unusable invocation (one line on stderr).
+Exit codes: 0 fine, 1 regression or stale block, 2 unusable invocation (one line on stderr).
 """
 
 import hashlib
@@ -71,335 +56,30 @@ import pathlib
 import re
 import statistics
 import sys
-from collections import defaultdict, namedtuple
+import textwrap
+from collections import defaultdict
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "lib"))
-from analysis import (EXIT_FAILED, EXIT_OK, REPOSITORY, OneLineArgumentParser,  # noqa: E402
-                      UsageError, build_of, check_documents, devices_of, is_number, read_inputs, run_cli, same_build,
-                      update_documents, write_atomically)
+from analysis import (EXIT_FAILED, EXIT_OK, REPOSITORY, OneLineArgumentParser, UsageError,  # noqa: E402
+                      check_documents, is_number, run_cli, update_documents, write_atomically)
+from pairing import (ACROSS_BUILDS, ACROSS_MACHINES, LIGHTNING, NATIVE, NOT_OPTIONS, OSS, RUN_FIELDS,  # noqa: E402
+                     SHARDING_ORDER, Config, aggregate, applies, common_window, launches, lightning_pairs,
+                     load_documents, load_runs, option_labels, options_agree, order, paired_ratios, peak_mib, rate,
+                     row_of, rows_by_setup, scaling_figures, scaling_label, scaling_series, script_defaults, unlike)
 
-SCHEMA_VERSION = 2  # the version upgrade() turns every result into
-NATIVE, LIGHTNING, OSS = "ddp_resnet50.py", "lightning/ddp_resnet50.py", "oss_benchmark.py"
-# oss_benchmark.py's strategies from the plainest to the most sharded; others follow alphabetically.
-SHARDING_ORDER = ("ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "zero1_overlap", "fsdp_zero2", "fsdp_zero3")
 COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
 NO_RESULTS = ("No results committed yet: run the benchmarks on a GPU machine, put the result files under "
               "`results/<machine kind>-<date>/` (see `results/README.md`) and run "
-              "`python report.py results --markdown docs/results.md`.")
-# What a result's memory.window says when it is absent: the scripts took peak memory over the timed steps only.
-TIMED_STEPS = "timed steps"
+              "`python report.py --docs`.")
 NOISY = "noisy: repeat or interleave"
 UNKNOWN_STABILITY = "stability unknown"
 UNKNOWN_VARIANT = "variant unknown"
-ACROSS_MACHINES = "across machines"
-ACROSS_BUILDS = "across commits/software"
 NO_PEAK = "—"  # MFU where there is no peak to divide by (the CPU, a GPU without a datasheet figure)
 MAX_LINE = 200  # a check line's length at most
 
-# What benchmark_extras.py's options are when not given (tests/test_report.py ties them to its argparse defaults):
-# older results did not record every one of them, and ran these values.
-OPTION_DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
-                   "static_graph": False, "coordinate_descent_tuning": False, "comm_hook": "none",
-                   "cuda_graphs": False, "stem_conv": "torchvision", "max_pool_backward": "torchvision",
-                   "batch_norm": "torchvision"}
-# Options of DDP and of Lightning's DDP strategy: the native script and its twin build no DDP on one rank (and the
-# twin's variants differ only in DDP's stream and a broadcast between ranks), so on one rank they change nothing.
-DDP_OPTIONS = ("bucket_cap_mb", "gradient_as_bucket_view", "broadcast_buffers", "static_graph", "comm_hook",
-               "compiled_ddp", "lightning_variant", "lightning_ddp_side_stream", "lightning_sigterm_sync")
-# oss_benchmark.py options that only some strategies use: for the others they change nothing that is measured.
-STRATEGY_OPTIONS = {"fsdp_units": ("fsdp_zero2", "fsdp_zero3"), "fsdp_param_dtype": ("fsdp_zero2", "fsdp_zero3"),
-                    "sharded_reduce_buffer": ("oss_sharded_ddp",)}
-TORCH_CUDNN_BENCHMARK_LIMIT = 10  # torch.backends.cudnn.benchmark_limit's default (seen in torch 2.11 and 2.14)
-
-SETUP_FIELDS = ("device", "device_name", "torch", "model", "image_size", "precision", "memory_format",
-                "compile_mode", "optimizer")
-# Options that a result carries only when they were given: their absence is the default, not worth a word.
-ABSENT_BY_DEFAULT = {"inductor_environment", "nccl_environment"}
-# NCCL variables that do not tune a run: the machine's settings (NVLink multicast off where the machines are lent,
-# the container's NCCL version), logging, and the error handling the scripts set for CUDA graphs themselves.
-MACHINE_NCCL_VARIABLES = {"NCCL_NVLS_ENABLE", "NCCL_VERSION", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
-                          "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
-# Environment variables that committed results older than the recording of the environment ran with, from their
-# campaign's commands.txt (relative to the results folder).
-UNRECORDED_ENVIRONMENT = {"nvidia-h200-x2-2026-11-30/ddp2-native-2gpu-bf16-256-bv-nch4.json":
-                          {"NCCL_MAX_NCHANNELS": "4"}}
-RUN_FIELDS = ("benchmark", "strategy", "options", "num_nodes", "world_size", "batch_mode",
-              "batch_size_per_device", "global_batch_size")
-Config = namedtuple("Config", SETUP_FIELDS + RUN_FIELDS)
-# Config entries that are keyed above, follow from a keyed one, or do not change what is measured;
-# every other entry of a result's config is a script-specific option and part of the configuration.
-NOT_OPTIONS = {"benchmark", "strategy", "device", "backend", "model", "image_size", "batch_mode",
-               "batch_size_per_device", "global_batch_size", "warmup_steps", "steps", "precision_requested",
-               "precision", "grad_scaler", "tf32", "memory_format_requested", "memory_format", "compile",
-               "compile_mode", "optimizer", "lr", "seed", "timeout_s", "timeout", "output", "overwrite",
-               "inject_fault", "inject_fault_rank", "inject_fault_step",
-               # how the timed steps are summarised, or what runs after them (the collective probe), not how they run
-               "steps_per_epoch", "collective_probe",
-               # CPU runs: the cores shared out over the ranks, so it follows the world size.
-               "cpu_threads_per_rank",
-               # Lightning: its devices per node and nodes (the world), its precision name, its version.
-               "devices", "num_nodes", "trainer_precision", "lightning",
-               # oss_benchmark.py: the passes after the timed steps, the launch's other strategies, the
-               # optimizer's arguments (lr and momentum, recorded on their own) and its state size (follows
-               # from the optimizer and momentum).
-               "optimizer_state_tensors_per_parameter",
-               "phase_steps", "profile_steps", "trace_dir", "strategies_in_launch", "optimizer_kwargs"}
 
 
-# ---------------------------------------------------------------------------- older formats
-
-def upgrade(result, path=None):
-    """A valid result of any readable version in the current format (a new dict; the input is left alone), so
-    that the rest of this report reads one format:
-    - launch_id: a version-1 file's is derived from what it records (launch_id_of_version_1);
-    - config: the options its script did not record yet, with the values the script used (unrecorded_options),
-      and the environment of a committed result that did not record it (UNRECORDED_ENVIRONMENT, by its path);
-    - memory.window: results without one took their peaks over the timed steps;
-    - stability: null where the file has none (read as "stability unknown");
-    - schema_version: SCHEMA_VERSION."""
-    upgraded = dict(result)
-    if result["schema_version"] == 1:
-        upgraded["launch_id"] = launch_id_of_version_1(result)
-    environment = (result.get("software") or {}).get("environment")
-    if environment is None and path is not None:
-        environment = UNRECORDED_ENVIRONMENT.get("/".join(pathlib.Path(path).parts[-2:]))
-    upgraded["config"] = unrecorded_options(result["config"], result["benchmark"], result["world"]["world_size"],
-                                            environment)
-    if isinstance(result.get("memory"), dict) and "window" not in result["memory"]:
-        upgraded["memory"] = {**result["memory"], "window": TIMED_STEPS}
-    upgraded.setdefault("stability", None)
-    upgraded["schema_version"] = SCHEMA_VERSION
-    return upgraded
-
-
-def launch_id_of_version_1(result):
-    """Version 1 has no launch_id. Every result of one oss_benchmark.py launch names the launch's --output with
-    -<strategy> added before .json, and shares its commit and day, so the launch is
-    "v1:<benchmark>:<output without -<strategy>>@<git commit>@<date of started_at>". (A result of the other scripts
-    is a launch of its own: its output path stands as written.)"""
-    output = result["config"].get("output") or ""
-    suffix = f"-{result['strategy']}.json"
-    if result["benchmark"] == OSS and output.endswith(suffix):
-        output = output[:-len(suffix)] + ".json"
-    return f"v1:{result['benchmark']}:{output}@{result['git'].get('commit')}@{result['started_at'][:10]}"
-
-
-def unrecorded_options(config, benchmark, world_size, environment=None):
-    """The recorded options, with what a run used where it recorded nothing:
-    - benchmark_extras.py's options recorded since they were added (--comm-hook, --broadcast-buffers, the
-      computation options): their defaults, OPTION_DEFAULTS (the sharding benchmark computes torchvision's model);
-    - the fp16 loss scale (recorded since --loss-scale): dynamic where the GradScaler ran, none otherwise;
-    - the compiled-DDP mode: a compiled run over several ranks split its graph at DDP's buckets (PyTorch's
-      default, ddp_optimizer), in the native script and in the Lightning twin alike;
-    - Inductor's coordinate-descent tuning (recorded since --coordinate-descent-tuning): on in the max-autotune
-      modes and under TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, off otherwise;
-    - any other TORCHINDUCTOR_ variable the run was given (its cache folder aside), as inductor_environment:
-      it changes what Inductor generates; NCCL's tuning variables (the machine's own settings and logging aside), as
-      nccl_environment: they change how the gradients travel;
-    - cuDNN's autotuning limit (null where a script left it alone): PyTorch's default where cuDNN autotuned;
-    - the Lightning twin's variant (recorded since the twin ran Lightning's stock loop as well): unknown (null),
-      since the twin's pieces changed over the results written before the choice."""
-    config, environment = dict(config), environment or {}
-    if config.get("loss_scale") is None:
-        config["loss_scale"] = "dynamic" if config.get("grad_scaler") else None
-    if benchmark == LIGHTNING:
-        config.setdefault("lightning_variant", None)
-    if (config.get("compile") and world_size > 1 and config.get("compiled_ddp") is None and "compiled_ddp" in config
-            and benchmark in (NATIVE, LIGHTNING)):
-        config["compiled_ddp"] = "ddp_optimizer"
-    if "coordinate_descent_tuning" not in config:
-        config["coordinate_descent_tuning"] = bool(config.get("compile")) and (
-            environment.get("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "0").lower() in ("1", "true")
-            or str(config.get("compile_mode")).startswith("max-autotune"))
-    for name, value in OPTION_DEFAULTS.items():
-        config.setdefault(name, value)
-    if config.get("cudnn_benchmark_limit") is None:
-        config["cudnn_benchmark_limit"] = TORCH_CUDNN_BENCHMARK_LIMIT if config.get("cudnn_benchmark") else None
-    inductor = {name: value for name, value in environment.items() if name.startswith("TORCHINDUCTOR_")
-                and name not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING")}
-    if inductor:
-        config["inductor_environment"] = inductor
-    nccl = {name: value for name, value in environment.items()
-            if name.startswith(("NCCL_", "TORCH_NCCL_")) and name not in MACHINE_NCCL_VARIABLES}
-    if nccl:
-        config["nccl_environment"] = nccl
-    return config
-
-
-# ---------------------------------------------------------------------------- runs
-
-def device_name_of(config, hardware):
-    if config["device"] == "cpu":
-        return f"CPU ({hardware['cpu']})" if hardware.get("cpu") else None
-    names = sorted({rank.get("gpu_name") for rank in hardware.get("ranks") or []
-                    if isinstance(rank, dict) and isinstance(rank.get("gpu_name"), str)})
-    return " + ".join(names) or None  # None: the run failed before it looked at its hardware
-
-
-def options_of(config, benchmark, strategy, world_size):
-    """Script-specific settings that change what the run measures, as a hashable, sorted tuple of
-    (name, JSON text)."""
-    one_rank = world_size == 1 and benchmark in (NATIVE, LIGHTNING)  # no DDP
-    return tuple(sorted((name, json.dumps(value, sort_keys=True)) for name, value in config.items()
-                        if name not in NOT_OPTIONS and not (one_rank and name in DDP_OPTIONS)
-                        and strategy in STRATEGY_OPTIONS.get(name, (strategy,))))
-
-
-def stability_of(result):
-    stability = result["stability"]
-    if not stability:
-        return "unknown"
-    return "noisy" if stability.get("noisy") else "steady"
-
-
-def make_run(path, result):
-    """The figures of one upgraded result that the tables use."""
-    world, config = result["world"], result["config"]
-    hardware = result.get("hardware") or {}
-    throughput = result.get("throughput") or {}
-    memory = result.get("memory") or {}
-    efficiency = result.get("efficiency") or {}
-    software = result.get("software") or {}
-    key = Config(device=config["device"], device_name=device_name_of(config, hardware), torch=software.get("torch"),
-                 model=config.get("model") or "resnet50", image_size=config["image_size"],
-                 precision=config["precision"], memory_format=config["memory_format"],
-                 compile_mode=config.get("compile_mode"), optimizer=config["optimizer"], benchmark=result["benchmark"],
-                 strategy=result["strategy"],
-                 options=options_of(config, result["benchmark"], result["strategy"], world["world_size"]),
-                 num_nodes=world["num_nodes"], world_size=world["world_size"], batch_mode=config["batch_mode"],
-                 batch_size_per_device=config["batch_size_per_device"], global_batch_size=config["global_batch_size"])
-    stability = stability_of(result)
-    return {"path": path, "config": key, "status": result["status"],
-            "failure": (result.get("failure") or {}).get("message"),
-            "images_per_second": throughput.get("images_per_second"),
-            "rank0_median": throughput.get("rank0_median_images_per_second"),
-            "rank0_mad": throughput.get("rank0_mad_images_per_second"),
-            "epochs": throughput.get("rank0_epochs"),
-            "peak_allocated_mib": memory.get("peak_allocated_mib"),
-            "peak_reserved_mib": memory.get("peak_reserved_mib"),
-            "memory_window": window_label(memory.get("window")),
-            "stability": stability, "noisy": stability == "noisy",
-            "noisy_reason": (result["stability"] or {}).get("reason"),
-            # MFU needs a peak to divide by: none on the CPU or on a GPU the scripts have no datasheet figure for
-            "mfu": efficiency.get("mfu") if efficiency.get("peak_tflops_per_device") else None,
-            "step_times_ms": [t for times in result.get("step_times_ms_per_rank") or [] for t in times],
-            "launch_id": result["launch_id"], "devices": devices_of(result),
-            **build_of(result),
-            "analysis": result.get("analysis"), "machine": None}
-
-
-def window_label(window):
-    """A memory window in a few words: the recorded text up to its parenthesis."""
-    return window.split(" (")[0].strip() or window if window else TIMED_STEPS
-
-
-def name_unknown_gpus(runs):
-    """A run that failed before it looked at its hardware (an OOM in the first step) takes the device name of
-    the results next to it: one folder of results/ is one machine. Without such neighbours it stays unknown."""
-    names = defaultdict(set)
-    for run in runs:
-        if run["config"].device_name:
-            names[run["path"].parent, run["config"].device].add(run["config"].device_name)
-    for run in runs:
-        if run["config"].device_name is None:
-            known = names[run["path"].parent, run["config"].device]
-            unknown = "unknown GPU" if run["config"].device == "cuda" else "CPU"
-            name = next(iter(known)) if len(known) == 1 else unknown
-            run["config"] = run["config"]._replace(device_name=name)
-    return runs
-
-
-def assign_machines(runs):
-    """Each run's machine: devices that ran together in one result belong to one machine, so that a one-GPU run
-    on either GPU of a two-GPU machine counts as that machine. Named by its smallest device id."""
-    parent = {}
-
-    def root(device):
-        while parent.setdefault(device, device) != device:
-            device = parent[device]
-        return device
-
-    for run in runs:
-        roots = sorted({root(device) for device in run["devices"]})
-        for other in roots[1:]:
-            parent[other] = roots[0]
-    for run in runs:
-        run["machine"] = root(min(run["devices"])) if run["devices"] else None
-    return runs
-
-
-def load_documents(paths, what="input"):
-    """(runs, comparisons): every readable result under paths as a run, and every compare.py comparison."""
-    results, comparisons = read_inputs(paths, "report.py", what)
-    runs = [make_run(path, upgrade(result, path)) for path, result in results]
-    return assign_machines(name_unknown_gpus(runs)), comparisons
-
-
-def load_runs(paths, what="input"):
-    return load_documents(paths, what)[0]
-
-
-# ---------------------------------------------------------------------------- pairing rules
-
-def unlike(run, base, scaling=False):
-    """None where run may be divided by base (like for like), else why not, in words. Same machine: the same
-    devices; for scaling, base's devices among run's."""
-    if scaling:
-        same_machine = bool(base["devices"]) and base["devices"] <= run["devices"]
-    else:
-        same_machine = bool(run["devices"]) and run["devices"] == base["devices"]
-    if not same_machine:
-        return ACROSS_MACHINES
-    return None if same_build(run, base) else ACROSS_BUILDS
-
-
-def rate(run):
-    return run["images_per_second"]
-
-
-Paired = namedtuple("Paired", "values runs label")  # ratios of like-for-like pairs and their numerator runs
-
-
-def paired_ratios(numerators, denominators, value=rate):
-    """Each numerator run over the median of its like-for-like denominator runs. Without any such pair, the label
-    says why (across commits/software where some pair shared the machine)."""
-    values, runs, reasons = [], [], set()
-    for run in numerators:
-        partners = [base for base in denominators if unlike(run, base) is None]
-        if partners:
-            values.append(value(run) / statistics.median(value(base) for base in partners))
-            runs.append(run)
-        reasons.update(unlike(run, base) for base in denominators)
-    label = None if values else ACROSS_BUILDS if ACROSS_BUILDS in reasons else ACROSS_MACHINES
-    return Paired(values, runs, label)
-
-
-def scaling_base(run, base_runs):
-    """Throughput of the series' base on run's own devices, with its build: the mean over the base's device sets
-    of the median over the repeats on each set; None where the base runs do not cover run's devices."""
-    partners = [base for base in base_runs if unlike(run, base, scaling=True) is None]
-    by_devices = defaultdict(list)
-    for base in partners:
-        by_devices[base["devices"]].append(rate(base))
-    if not partners or frozenset().union(*by_devices) != run["devices"]:
-        return None
-    return statistics.fmean(statistics.median(rates) for rates in by_devices.values())
-
-
-def scaling_figures(run, base_runs, base_count):
-    """(speed-up, efficiency) of run against the base on its own devices, or None: speed-up T(N) / T(N_base),
-    efficiency = T(N) / (N / N_base x T(N_base))."""
-    base = scaling_base(run, base_runs)
-    if base is None:
-        return None
-    speedup = rate(run) / base
-    return speedup, speedup / (run["config"].world_size / base_count)
-
-
-def scaling_label(runs, base_runs):
-    reasons = {unlike(run, base, scaling=True) for run in runs for base in base_runs}
-    return ACROSS_BUILDS if ACROSS_BUILDS in reasons else ACROSS_MACHINES
-
+# ---------------------------------------------------------------------------- Markdown
 
 def machines_text(runs):
     """How many runs and machines a figure rests on (the machines that the results name)."""
@@ -421,196 +101,6 @@ def ratio_text(value):
 def percent_text(value):
     return f"{value * 100:.1f}"
 
-
-# ---------------------------------------------------------------------------- grouping
-
-def order(config):
-    """A sort key for configurations whose fields may be None."""
-    return tuple((True, "") if value is None else (False, value) for value in config)
-
-
-def aggregate(runs):
-    """One row per configuration of ok repeats (medians, the range over the repeats), one row per run that did
-    not end ok. Sorted by configuration."""
-    repeats, rows = defaultdict(list), []
-    for run in runs:
-        if run["status"] == "ok":
-            repeats[run["config"]].append(run)
-        else:
-            rows.append(row_of([run], run["status"]))
-    for config, members in repeats.items():
-        rows.append(row_of(members, "ok"))
-    return sorted(rows, key=row_order)
-
-
-def beyond_ddp(options):
-    """The options apart from DDP's: what a scaling series keeps from one GPU count to the next."""
-    return tuple(option for option in options if option[0] not in DDP_OPTIONS)
-
-
-def row_order(row):
-    """Setup, then benchmark and strategy, then the scaling series (batch mode, the batch it keeps), then
-    the GPU count: a series reads top to bottom. Failed runs after the ok row of their configuration."""
-    config = row["config"]
-    kept = config.batch_size_per_device if config.batch_mode == "per_device" else config.global_batch_size
-    return (order(setup_of(config)), config.benchmark, strategy_rank(config.strategy), beyond_ddp(config.options),
-            config.batch_mode, kept, config.world_size, config.num_nodes, order(config), row["status"] != "ok",
-            row["status"], [str(run["path"]) for run in row["runs"]])
-
-
-def median_or_none(values):
-    return None if not values or None in values else statistics.median(values)
-
-
-def row_of(runs, status):
-    throughputs = [rate(run) for run in runs]
-    known = [value for value in throughputs if value is not None]
-    spread = (max(known) - min(known)) / statistics.median(known) if len(known) > 1 else None
-    mfus = [run["mfu"] for run in runs]
-    return {"config": runs[0]["config"], "status": status, "runs": sorted(runs, key=lambda run: str(run["path"])),
-            "images_per_second": median_or_none(throughputs), "spread": spread,
-            "range": (min(known), max(known)) if known else None,
-            "rank0_median": median_or_none([run["rank0_median"] for run in runs]),
-            "rank0_mad": median_or_none([run["rank0_mad"] for run in runs]),
-            "mfu": median_or_none(mfus),
-            "memory": memory_by_window(runs), "noisy": [run for run in runs if run["noisy"]],
-            "unknown_stability": [run for run in runs if run["stability"] == "unknown"],
-            "step_times_ms": [t for run in runs for t in run["step_times_ms"]],
-            "failure": runs[0]["failure"]}
-
-
-def memory_by_window(runs):
-    """{window: (peak allocated, peak reserved)}, the medians over the runs that measured memory over that window:
-    figures taken over other steps are not pooled."""
-    windows = defaultdict(list)
-    for run in runs:
-        if run["peak_allocated_mib"] is not None:
-            windows[run["memory_window"]].append(run)
-    return {window: (statistics.median(run["peak_allocated_mib"] for run in members),
-                     median_or_none([run["peak_reserved_mib"] for run in members]))
-            for window, members in sorted(windows.items())}
-
-
-def common_window(*rows):
-    """The memory window that every row measured (the latest scripts' where there are several), or None."""
-    shared = set.intersection(*(set(row["memory"]) for row in rows))
-    return min(shared, key=lambda window: (window == TIMED_STEPS, window)) if shared else None
-
-
-def peak_mib(row, window=None, reserved=False):
-    """A row's peak memory over a window (its only or preferred one by default), None where not measured."""
-    window = window or common_window(row)
-    return row["memory"][window][reserved] if window in row["memory"] else None
-
-
-def setup_of(config):
-    return config[:len(SETUP_FIELDS)]
-
-
-def rows_by_setup(rows):
-    setups = defaultdict(list)
-    for row in rows:
-        setups[setup_of(row["config"])].append(row)
-    return setups
-
-
-def options_agree(a, b):
-    """Options recorded on both sides are equal (a newer script may record more than an older one)."""
-    mine, theirs = dict(a.options), dict(b.options)
-    return all(mine[name] == theirs[name] for name in mine.keys() & theirs.keys())
-
-
-def option_labels(configs):
-    """{config: the options that tell it apart from the other configurations of its benchmark and strategy}. An
-    option whose value differs between them is shown where it is not the usual value: the script's default where
-    benchmark_extras.py has one, else the most common value (an option a result does not record reads "unset")."""
-    groups = defaultdict(set)
-    for config in configs:
-        groups[config.benchmark, config.strategy].add(config)
-    labels = {}
-    for members in groups.values():
-        values = defaultdict(list)
-        names = {name for other in members for name, _ in other.options}
-        for config in sorted(members, key=order):
-            options = dict(config.options)
-            for name in names:
-                if applies(name, config):
-                    values[name].append(options.get(name))
-        usual = {name: usual_value(name, seen) for name, seen in values.items() if len(set(seen)) > 1}
-        for config in members:
-            options = dict(config.options)
-            labels[config] = [(name, options.get(name)) for name in sorted(usual)
-                              if applies(name, config) and options.get(name) != usual[name]]
-    return labels
-
-
-def applies(name, config):
-    """Whether an option can change what a configuration measures (DDP's options need two ranks; FSDP's and
-    ShardedDDP's options their strategies)."""
-    if name in STRATEGY_OPTIONS and config.strategy not in STRATEGY_OPTIONS[name]:
-        return False
-    return not (name in DDP_OPTIONS and config.world_size == 1 and config.benchmark in (NATIVE, LIGHTNING))
-
-
-def usual_value(name, seen):
-    defaults = {**OPTION_DEFAULTS, "lightning_variant": "stock"}  # the twin's default variant
-    if name in defaults:
-        default = json.dumps(defaults[name])
-        if default in seen:
-            return default
-    if name in ABSENT_BY_DEFAULT:
-        return None
-    return max(sorted(set(seen), key=lambda value: (value is not None, value or "")), key=seen.count)
-
-
-def scaling_series(rows, batch_mode):
-    """Ok rows that differ only in world size (and node count) and DDP's options (which one rank does without):
-    weak scaling keeps the batch per device, strong scaling the global batch. Only series with two GPU counts or
-    more; the base, the fewest GPUs, first."""
-    free = {"world_size": None, "num_nodes": None,
-            "global_batch_size" if batch_mode == "per_device" else "batch_size_per_device": None}
-    series = defaultdict(list)
-    for row in rows:
-        if row["status"] == "ok" and row["config"].batch_mode == batch_mode:
-            series[row["config"]._replace(options=beyond_ddp(row["config"].options), **free)].append(row)
-    return [sorted(members, key=lambda row: (row["config"].world_size, row["config"].num_nodes, order(row["config"])))
-            for key, members in sorted(series.items(), key=lambda item: order(item[0]))
-            if len({row["config"].world_size for row in members}) > 1]
-
-
-def lightning_pairs(rows):
-    """(native ddp row, lightning_ddp row) of the same configuration, the options both record equal."""
-    def key(config):
-        return config._replace(benchmark=None, strategy=None, options=None)
-    native = defaultdict(list)
-    for row in rows:
-        if row["status"] == "ok" and (row["config"].benchmark, row["config"].strategy) == (NATIVE, "ddp"):
-            native[key(row["config"])].append(row)
-    lightning = [row for row in rows if row["status"] == "ok" and
-                 (row["config"].benchmark, row["config"].strategy) == (LIGHTNING, "lightning_ddp")]
-    return [(base, row) for row in lightning for base in native.get(key(row["config"]), [])
-            if options_agree(base["config"], row["config"])]
-
-
-def launches(runs):
-    """oss_benchmark.py runs grouped by launch (failed ones included: an OOM is the point of a sharding table),
-    each launch's runs in the order of how much their strategy shards; launches in the order of their setup and
-    first file."""
-    groups = defaultdict(list)
-    for run in runs:
-        if run["config"].benchmark == OSS:
-            groups[run["launch_id"]].append(run)
-    for members in groups.values():
-        members.sort(key=lambda run: (strategy_rank(run["config"].strategy), run["status"] != "ok", str(run["path"])))
-    return sorted(groups.values(), key=lambda members: (order(setup_of(members[0]["config"])),
-                                                        min(str(run["path"]) for run in members)))
-
-
-def strategy_rank(strategy):
-    return (SHARDING_ORDER.index(strategy), "") if strategy in SHARDING_ORDER else (len(SHARDING_ORDER), strategy)
-
-
-# ---------------------------------------------------------------------------- Markdown
 
 def format_rate(value, like=None):
     """Images per second: thousands separators; decimals only where the numbers are small (CPU runs)."""
@@ -758,31 +248,30 @@ def table(header, lines):
     return "\n".join(out)
 
 
-def wrap(text, width=120):
-    """A paragraph cut into lines of at most width characters (Markdown joins them again)."""
-    lines, line = [], ""
-    for word in text.split(" "):
-        if line and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    return "\n".join(lines + [line])
+def wrap(text):
+    """A paragraph cut into lines of at most 120 characters (Markdown joins them again)."""
+    return textwrap.fill(text, 120, break_long_words=False, break_on_hyphens=False)
 
 
 def sources_text(rows, base):
     counts = defaultdict(int)
-    for row in rows:
-        for run in row["runs"]:
-            counts[display_path(run["path"].parent, base)] += 1
-    return wrap("Results from " + ", ".join(f"`{folder}` ({count} file{'s' * (count > 1)})"
-                                            for folder, count in sorted(counts.items())) + ".")
+    for run in runs_of(rows):
+        counts[run["path"].parent.resolve()] += 1
+    return wrap("Results from " + ", ".join(f"{link(folder, base, display_path(folder))} ({count} file"
+                                            f"{'s' * (count > 1)})" for folder, count in sorted(counts.items())) + ".")
 
 
-def display_path(path, base):
-    """Relative to base where the path lies under it (the repository, a Markdown file's folder or the current one)."""
+def display_path(path, base=REPOSITORY):
+    """Relative to the repository where the path lies in it, else to base where it lies under it."""
     path = pathlib.Path(path).resolve()
-    return (path.relative_to(base).as_posix() or ".") if path.is_relative_to(base) else path.as_posix()
+    root = next((root for root in (REPOSITORY, pathlib.Path(base).resolve()) if path.is_relative_to(root)), None)
+    return (path.relative_to(root).as_posix() or ".") if root else path.as_posix()
+
+
+def link(path, base, text=None):
+    """A Markdown link to path from a document in the folder base, named text (the file's stem by default)."""
+    path = pathlib.Path(path).resolve()
+    return f"[{text or path.stem}]({os.path.relpath(path, base)}{'/' if path.is_dir() else ''})"
 
 
 def all_runs_table(rows, labels):
@@ -1019,39 +508,50 @@ SHARDING_EXPLANATION = wrap(
 
 # ---------------------------------------------------------------------------- comparisons (compare.py)
 
-def comparison_of(path, document):
-    """A compare.py comparison in a few fields, or None where it lacks what a table needs."""
+def comparison_label(a, b):
+    """What B changes against A: another script (with the options both share), or B's further options."""
+    def script_and_options(command):
+        words = command.split()
+        start = next((i for i, word in enumerate(words) if word.endswith(".py")), 0)
+        return words[start], words[start + 1:]
+    (script_a, options_a), (script_b, options_b) = script_and_options(a or ""), script_and_options(b or "")
+    if script_a != script_b:
+        names = {"lightning/ddp_resnet50.py": "the twin (stock)", "ddp_resnet50.py": "native"}
+        shared = " ".join(options_a) if options_a == options_b else f"{' '.join(options_a)} / {' '.join(options_b)}"
+        return (f"{names.get(script_b, f'`{script_b}`')} / {names.get(script_a, f'`{script_a}`')}"
+                + (f", both `{shared}`" if shared.strip() else ""))
+    extra = [option for option in options_b if option not in options_a]
+    if {"--coordinate-descent-tuning", "--sums-batch-norm", "--cuda-graphs"} <= set(extra):
+        precision = extra[extra.index("--precision") + 1] if "--precision" in extra else "bf16"
+        extra = f"the fastest mode in {precision}"  # performance.md's section of that name gives its options
+    else:
+        extra = f"`{' '.join(extra)}`"
+    return f"{extra} / " + (f"`{' '.join(options_a)}`" if options_a else "the default")
+
+
+def comparison_result(document):
+    """B / A with its 95 % interval and pairs, or the single pair a run cut short left, saying so."""
+    pairs = document.get("pairs") if isinstance(document.get("pairs"), list) else []
     interval = document.get("interval_95")
-    if not is_number(document.get("ratio")) or not (isinstance(interval, list) and len(interval) == 2
-                                                      and all(is_number(value) for value in interval)):
-        return None
-    commands = document.get("commands") or {}
-    pairs = document.get("pairs")
-    return {"path": path, "a": commands.get("a") or document.get("a"), "b": commands.get("b") or document.get("b"),
-            "ratio": document["ratio"], "interval": tuple(interval),
-            "pairs": len(pairs) if isinstance(pairs, list) else pairs,
-            "rounds": len(document["rounds"]) if isinstance(document.get("rounds"), list) else None,
-            "like_for_like": document.get("like_for_like", True), "status": document.get("status", "ok")}
-
-
-def comparison_rows(comparisons):
-    rows = [comparison_of(path, document) for path, document in comparisons]
-    return sorted((row for row in rows if row and row["status"] == "ok"), key=lambda row: str(row["path"]))
+    label = "" if document.get("like_for_like", True) else f" {ACROSS_BUILDS}"
+    if not pairs or not is_number(document.get("ratio")):
+        return f"no complete pair ({document.get('status')})"
+    if isinstance(interval, list) and len(interval) == 2:
+        return (f"{document['ratio']:.3f}{label} (95 % interval {interval[0]:.3f}–{interval[1]:.3f}; "
+                f"{len(pairs)} pairs)")
+    return f"{document['ratio']:.3f}{label} from {len(pairs)} pair, no interval (stopped: {document.get('status')})"
 
 
 def comparisons_table(comparisons, base):
-    """B against A from compare.py's paired rounds: the ratio with its 95 % interval."""
-    lines = []
-    for row in comparison_rows(comparisons):
-        low, high = row["interval"]
-        label = "" if row["like_for_like"] else f" {ACROSS_BUILDS}"
-        lines.append([f"`{row['a']}`", f"`{row['b']}`", f"{row['ratio']:.3f}{label}", f"{low:.3f}–{high:.3f}",
-                      str(row["pairs"]), f"`{display_path(row['path'], base)}`"])
-    if not lines:
-        return None
-    header = ["A", "B", "B / A throughput", "95 % interval", "pairs", "file"]
-    return "\n\n".join(["**Comparisons** (compare.py: A and B alternated in ABBA order on one machine)",
-                        table(header, lines)])
+    """compare.py's comparisons: B against A, alternated in ABBA order on one machine, with the 95 % interval."""
+    rows = []
+    for path, document in sorted(comparisons, key=lambda item: str(item[0])):
+        commands = document.get("commands") or {}
+        gpus = sorted({uuid[:8] for side in (document.get("machine") or {}).values() if isinstance(side, dict)
+                       for uuid in side.get("gpu_uuids") or []})
+        rows.append([comparison_label(commands.get("a"), commands.get("b")), comparison_result(document),
+                     ", ".join(gpus) or "—", link(path, base)])
+    return table(["B / A", "B / A throughput", "GPU", "file"], rows) if rows else "No comparisons (compare.py)."
 
 
 # ---------------------------------------------------------------------------- the report
@@ -1089,9 +589,8 @@ def render_markdown(runs, base, heading="###", comparisons=()):
         parts += sharding_tables(runs_of(setup_rows), base)
     if any(run["config"].benchmark == OSS for run in runs):
         parts.append(SHARDING_EXPLANATION)
-    compared = comparisons_table(comparisons, base)
-    if compared:
-        parts += [f"{heading} Comparisons", compared]
+    if comparisons:
+        parts += [f"{heading} Comparisons", comparisons_table(comparisons, base)]
     return "\n\n".join(parts) + "\n"
 
 
@@ -1105,11 +604,11 @@ def render_sharding(runs, base):
 
 # ---------------------------------------------------------------------------- plots
 
-def row_label(config, labels):
-    devices = f"{devices_text(config)} {unit_of(config) if config.world_size == 1 else units_of(config)}"
+def row_label(config, labels, with_devices=True):
+    devices = f" · {devices_text(config)} {unit_of(config) if config.world_size == 1 else units_of(config)}"
     batch = (f"{config.batch_size_per_device} img/{unit_of(config)}" if config.batch_mode == "per_device"
              else f"global batch {config.global_batch_size:,}")
-    return f"{config.benchmark} · {strategy_text(config, labels)} · {devices} · {batch}"
+    return f"{config.benchmark} · {strategy_text(config, labels)}{devices * with_devices} · {batch}"
 
 
 def slug(text):
@@ -1134,33 +633,30 @@ def prepare_plots(directory):
         raise UsageError(f"--plots {directory}: cannot be written ({error.strerror})")
 
 
-def write_plots(runs, directory):
-    """Throughput against GPU count, step-time distributions and peak memory, one PNG of each per setup."""
+def print_plots(runs, directory):
+    """Throughput against GPU count, step-time distributions and peak memory, one PNG of each per setup; a note on
+    stderr for each plot with nothing to show."""
     import matplotlib
     matplotlib.use("Agg")  # headless: no display on a cluster or in CI
     import matplotlib.pyplot as plt
-
-    directory = pathlib.Path(directory)
     setups = rows_by_setup(aggregate(runs))
-    written, notes = [], []
     for setup in sorted(setups, key=order):
-        setup_rows, title, name = setups[setup], setup_title(setup), slug(setup_title(setup))
+        setup_rows, title = setups[setup], setup_title(setup)
         labels = option_labels({row["config"] for row in setup_rows})
         for kind, plot in (("scaling", plot_scaling), ("step_times", plot_step_times), ("memory", plot_memory)):
             figure = plot(plt, setup_rows, labels, title)
             if figure is None:
-                notes.append(f"no {kind.replace('_', ' ')} plot for {title}: nothing to show "
-                             f"({'no GPU memory counters' if kind == 'memory' else 'no comparable runs'})")
+                print(f"report.py: note: no {kind.replace('_', ' ')} plot for {title}: nothing to show "
+                      f"({'no GPU memory counters' if kind == 'memory' else 'no comparable runs'})", file=sys.stderr)
                 continue
-            path = directory / f"{kind}-{name}.png"
+            path = pathlib.Path(directory) / f"{kind}-{slug(title)}.png"
             try:
                 figure.savefig(path, dpi=120, bbox_inches="tight", metadata={"Software": None})
             except OSError as error:
-                raise UsageError(f"--plots {directory}: cannot be written ({error.strerror})")
+                raise UsageError(f"--plots {directory}: cannot be written ({error.strerror})") from None
             finally:
                 plt.close(figure)
-            written.append(path)
-    return written, notes
+            print(f"wrote {path}")
 
 
 def tick_text(value, _position):
@@ -1172,37 +668,34 @@ def plot_scaling(plt, rows, labels, title):
                                                   ("global", scaling_series(rows, "global"))) if series]
     if not panels:
         return None
-    unit, units = unit_of(rows[0]["config"]), units_of(rows[0]["config"])
     figure, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False,
                                 layout="constrained")
     for axis, (mode, series_list) in zip(axes[0], panels):
-        counts = set()
-        for index, series in enumerate(series_list):
-            color = plt.cm.tab10(index % 10)
-            sizes = [row["config"].world_size for row in series]
-            rates = [row["images_per_second"] for row in series]
-            counts.update(sizes)
-            base = series[0]
-            config = base["config"]
-            batch = (f"{config.batch_size_per_device} img/{unit}" if mode == "per_device"
-                     else f"global batch {config.global_batch_size:,}")
-            axis.plot(sizes, rates, "o-", color=color,
-                      label=f"{config.benchmark} · {strategy_text(config, labels)} · {batch}")
-            ideal = [base["images_per_second"] * size / config.world_size for size in sizes]
-            # One legend entry says what every dashed line is.
-            axis.plot(sizes, ideal, "--", color=color, alpha=0.6,
-                      label=f"ideal: linear from the fewest {units} (dashed, same colour)" if index == 0 else None)
-        axis.set_xticks(sorted(counts))
-        axis.set_xlabel(f"{units[0].upper()}{units[1:]} (world size)")
-        axis.set_ylabel("Throughput (images/s, all ranks)")
-        axis.set_ylim(bottom=0)
-        axis.yaxis.set_major_formatter(plt.FuncFormatter(tick_text))
-        axis.grid(alpha=0.3)
-        axis.set_title("Weak scaling (fixed batch per device)" if mode == "per_device"
-                       else "Strong scaling (fixed global batch)", fontsize=10)
-        axis.legend(fontsize=7, loc="upper left")
-    figure.suptitle(f"Throughput against {unit} count\n{title}", fontsize=10)
+        plot_series(plt, axis, mode, series_list, labels)
+    figure.suptitle(f"Throughput against {unit_of(rows[0]['config'])} count\n{title}", fontsize=10)
     return figure
+
+
+def plot_series(plt, axis, mode, series_list, labels):
+    """One panel: each series' throughput against its GPU count, and its ideal (linear from its base) dashed."""
+    units = units_of(series_list[0][0]["config"])
+    for index, series in enumerate(series_list):
+        color, sizes = plt.cm.tab10(index % 10), [row["config"].world_size for row in series]
+        base = series[0]
+        axis.plot(sizes, [row["images_per_second"] for row in series], "o-", color=color,
+                  label=row_label(base["config"], labels, with_devices=False))
+        ideal = [base["images_per_second"] * size / base["config"].world_size for size in sizes]
+        # One legend entry says what every dashed line is.
+        axis.plot(sizes, ideal, "--", color=color, alpha=0.6,
+                  label=f"ideal: linear from the fewest {units} (dashed, same colour)" if index == 0 else None)
+    axis.set_xticks(sorted({row["config"].world_size for series in series_list for row in series}))
+    axis.set(xlabel=f"{units[0].upper()}{units[1:]} (world size)", ylabel="Throughput (images/s, all ranks)")
+    axis.set_ylim(bottom=0)
+    axis.yaxis.set_major_formatter(plt.FuncFormatter(tick_text))
+    axis.grid(alpha=0.3)
+    axis.set_title("Weak scaling (fixed batch per device)" if mode == "per_device"
+                   else "Strong scaling (fixed global batch)", fontsize=10)
+    axis.legend(fontsize=7, loc="upper left")
 
 
 def plot_step_times(plt, rows, labels, title):
@@ -1231,13 +724,9 @@ def plot_step_times(plt, rows, labels, title):
         axis.xaxis.set_minor_formatter(plt.NullFormatter())
     else:
         axis.set_xlim(left=0)
-    axis.grid(axis="x", alpha=0.3)
     axis.plot([], [], color="tab:orange", label="median")
     axis.plot([], [], "^", markerfacecolor="white", markeredgecolor="black", label="mean")
-    axis.xaxis.set_major_formatter(plt.FuncFormatter(tick_text))
-    figure.legend(fontsize=8, loc="outside lower center", ncols=2)
-    axis.set_title(f"Per-step time distributions (box: quartiles, whiskers: 1.5 × IQR)\n{title}", fontsize=10)
-    return figure
+    return finished(plt, figure, axis, f"Per-step time distributions (box: quartiles, whiskers: 1.5 × IQR)\n{title}")
 
 
 def plot_memory(plt, rows, labels, title):
@@ -1262,24 +751,28 @@ def plot_memory(plt, rows, labels, title):
     axis.set_xlabel("Peak memory per rank (MiB, largest over the ranks" +
                     (f"; {next(iter(windows))})" if len(windows) == 1 else ")"))
     axis.set_xlim(0, max(reserved + allocated) * 1.15)
+    return finished(plt, figure, axis, f"Peak GPU memory per strategy\n{title}")
+
+
+def finished(plt, figure, axis, title):
+    """A horizontal plot's value axis labelled and gridded, its legend under it and its title."""
     axis.xaxis.set_major_formatter(plt.FuncFormatter(tick_text))
     axis.grid(axis="x", alpha=0.3)
     figure.legend(fontsize=8, loc="outside lower center", ncols=2)
-    axis.set_title(f"Peak GPU memory per strategy\n{title}", fontsize=10)
+    axis.set_title(title, fontsize=10)
     return figure
-
-
 
 
 # ---------------------------------------------------------------------------- generated answers
 
 ANY = object()  # a setting an answer does not restrict
-# What the native script runs without options on one H200 (upgraded results record every one of these).
+# What the native script runs without options on one H200 (the results record every one of these).
 DEFAULT_RUN = {"benchmark": NATIVE, "strategy": "ddp", "device": "cuda", "model": "resnet50", "image_size": 224,
                "precision": "bf16", "memory_format": "channels_last", "optimizer": "sgd", "compile_mode": None,
                "batch_mode": "per_device", "batch_size_per_device": 256, "world_size": 1, "num_nodes": 1,
-               **OPTION_DEFAULTS, "loss_scale": None, "cudnn_benchmark": True, "cudnn_benchmark_limit": 10,
-               "compiled_ddp": None, "inductor_environment": None, "nccl_environment": None}
+               **{name: value for name, value in script_defaults().items() if name not in NOT_OPTIONS},
+               "loss_scale": None, "cudnn_benchmark": True, "cudnn_benchmark_limit": 10, "compiled_ddp": None,
+               "inductor_environment": None, "nccl_environment": None}
 TWIN = {"benchmark": LIGHTNING, "strategy": "lightning_ddp"}
 FASTEST = {"precision": "fp16", "loss_scale": 1024.0, "compile_mode": "default", "coordinate_descent_tuning": True,
            "cuda_graphs": True, "stem_conv": "space_to_depth", "max_pool_backward": "dense", "batch_norm": "sums"}
@@ -1374,35 +867,23 @@ def scaling_of(runs, base_runs):
     return f"{range_text(values, percent_text)} % ({counted(paired)}{alone})"
 
 
-def loss_text(runs, base_runs):
-    """What scaling loses from the ideal, 1 - efficiency, as a range: '1.7–2.3 %'."""
-    values, _ = scaling_values(runs, base_runs)
-    return f"{range_text([100 * (1 - value) for value in values], lambda value: f'{value:.1f}')} %"
-
-
-def link(path, base):
-    return f"[{pathlib.Path(path).stem}]({os.path.relpath(path, base)})"
-
-
 def files_text(runs, base, limit=3):
     """Links to the result files, or to their campaign folders where there are more than limit."""
     paths = sorted({run["path"].resolve() for run in runs})
     if len(paths) <= limit:
         return ", ".join(link(path, base) for path in paths)
     folders = sorted({path.parent for path in paths})
-    shown = ", ".join(f"[{folder.name}]({os.path.relpath(folder, base)}/)" for folder in folders[:limit])
+    shown = ", ".join(link(folder, base, folder.name) for folder in folders[:limit])
     more = f" and {len(folders) - limit} more" if len(folders) > limit else ""
     return f"{len(paths)} files in {shown}{more}"
 
 
 class Evidence:
-    """The committed runs, launches and comparisons an answer document draws on, with the document's folder for its
-    links."""
+    """The committed runs and launches an answer document draws on, with the document's folder for its links."""
 
-    def __init__(self, runs, document, root=REPOSITORY, comparisons=()):
-        self.runs, self.base = runs, (pathlib.Path(root) / document).parent
+    def __init__(self, runs, document):
+        self.runs, self.base = runs, (REPOSITORY / document).parent
         self.launches = launches(runs)
-        self.comparisons = comparisons
 
     def pick(self, **settings):
         return pick(self.runs, **settings)
@@ -1435,74 +916,40 @@ def launches_text(ratios, used):
             f"{len({run['machine'] for run in used})} machine{'s' * (len({run['machine'] for run in used}) != 1)})")
 
 
-def summary_answers(evidence):
-    """README.md's results summary: the table and the sentence under it."""
-    e = evidence
-    default, fastest = e.pick(), e.pick(**FASTEST)
-    two, two_nobb = e.pick(world_size=2), e.pick(world_size=2, broadcast_buffers=False)
-    compiled_base, compiled = e.pick(compile_mode="default"), e.pick(**COMPILED_TWO, bucket_cap_mb=50.0,
-                                                                     broadcast_buffers=False)
-    twin_one = e.pick(**TWIN)
-    matched_two = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=False, lightning_sigterm_sync=False)
-    stock_pieces = e.pick(**TWIN, world_size=2, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
-                          lightning_ddp_side_stream=ANY)
-    native_no_views = e.pick(world_size=2, gradient_as_bucket_view=False)
-    sharding = {name: e.sharding(name, **SHARDING_SGD) for name in SHARDING_ORDER[1:]}
-    ddp_runs = [run for _, used in sharding.values() for run in used if run["config"].strategy == "ddp"]
-    peaks = sorted({run["peak_allocated_mib"] for run in ddp_runs})
-    saved = [run["analysis"]["memory"]["expected_optimizer_state_saving_bytes_vs_ddp"] / MIB
-             for _, used in sharding.values() for run in used if run["config"].strategy == "zero1"]
-    sharding_link = "[docs/sharding.md](docs/sharding.md#measured-on-2--h200)"
-    rows = [
-        ["DDP speed", "1 GPU, eager (the default)", rates_text(default), e.files(default)],
-        ["DDP speed", "1 GPU, fastest mode measured (fp16, compiled, captured, tuned)", median_text(fastest),
-         "[docs/performance.md](docs/performance.md#the-fastest-mode)"],
-        ["DDP scaling", "2 GPUs, eager, weak scaling", scaling_of(two, default), e.files(two)],
-        ["DDP scaling", "2 GPUs, eager, `--no-broadcast-buffers`", scaling_of(two_nobb, default), e.files(two_nobb)],
-        ["DDP scaling", "2 GPUs, compiled, 50 MB buckets, no buffer broadcast", scaling_of(compiled, compiled_base),
-         e.files(compiled)],
-        ["Lightning cost", "1 GPU (no DDP: stock and matched run alike) / native", ratio_of(twin_one, default),
-         e.files(twin_one)],
-        ["Lightning cost", "2 GPUs, DDP on the current stream, no SIGTERM broadcast (the matched variant's pieces) / "
-         "native", ratio_of(matched_two, two), e.files(matched_two)],
-        ["Lightning cost", "2 GPUs, stock's side stream and SIGTERM broadcast / native, DDP's bucket views off",
-         ratio_of(stock_pieces, native_no_views), e.files(stock_pieces)],
-        ["Lightning cost", "1 GPU, 32 images (host-bound), matched, interleaved", INTERLEAVED[0],
-         f"[experiments/lightning-interleaved]({INTERLEAVED[1]})"],
-        *[["sharding speed", f"2 GPUs, {label} / DDP", launches_text(*sharding[name]), sharding_link]
-          for name, label in (("oss_ddp", "OSS + DDP"), ("oss_sharded_ddp", "OSS + ShardedDDP"),
-                              ("fsdp_zero2", "FSDP2 ZeRO-2 (one unit)"))],
-        ["sharding memory", "2 GPUs, optimizer state saved (SGD) / peak",
-         f"{range_text(saved, lambda value: f'{value:.1f}')} MiB of "
-         f"{range_text(peaks, lambda value: f'{value:,.0f}')} MiB", sharding_link]]
-    return "\n\n".join([table(["question", "configuration", "result", "raw files"], rows),
-                        summary_sentence(e, default, two, two_nobb, compiled_base, sharding)])
-
-
-def summary_sentence(e, default, two, two_nobb, compiled_base, sharding):
-    """The sentence under the summary table, its figures from the same runs."""
-    compiled = e.pick(**COMPILED_TWO, bucket_cap_mb=ANY, broadcast_buffers=ANY)
-    sigterm = e.pick(**TWIN, world_size=2, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
-                     lightning_ddp_side_stream=ANY)
-    without = e.pick(**TWIN, world_size=2, gradient_as_bucket_view=False, lightning_sigterm_sync=False,
-                     lightning_ddp_side_stream=ANY)
+def summary_answers(e):
+    """README.md's results summary: one compact table, and where the raw files are listed."""
+    default, two = e.pick(), e.pick(world_size=2)
+    two_nobb, compiled_base = e.pick(world_size=2, broadcast_buffers=False), e.pick(compile_mode="default")
+    compiled = e.pick(**COMPILED_TWO, bucket_cap_mb=50.0, broadcast_buffers=False)
+    twin_two = {**TWIN, "world_size": 2, "lightning_ddp_side_stream": ANY}
+    sigterm = e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=True)
+    no_sigterm = e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=False)
+    matched = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=False, lightning_sigterm_sync=False)
     side = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False)
-    costs = [1 - ratio for name in SHARDING_ORDER[1:] for ratio in sharding[name][0]]
-    broadcast = paired_ratios(sigterm, without).values
-    streams = paired_ratios(side, two).values
-    return wrap(
-        f"In short: DDP on NVLink loses {loss_text(two, default)} from 1 to 2 GPUs eager with the scripts' defaults "
-        f"({loss_text(two_nobb, default)} with `--no-broadcast-buffers`) and {loss_text(compiled, compiled_base)} "
-        "compiled (the compiled step runs at the power limit); "
-        "stock Lightning costs nothing measurable on one GPU where the GPU sets the pace, but on two GPUs its SIGTERM "
-        f"broadcast costs {range_text([100 * (1 - value) for value in broadcast], lambda value: f'{value:.1f}')} % "
-        "(the twin with it against the twin without it, one machine) and DDP on its side stream "
-        f"{range_text([100 * (1 - value) for value in streams], lambda value: f'{value:.1f}')} %, and its loop 4 % "
-        "when the host sets the pace; sharding ResNet-50 saves under 1 % of the peak memory and costs "
-        f"{range_text([100 * value for value in costs], lambda value: f'{value:.1f}')} % of the speed over every "
-        "committed launch, most in fairscale (why: `docs/sharding.md`). Ratios come only from runs of one machine, "
-        "commit and software; ranges cover every committed repeat. The full generated report of every committed "
-        "result is `docs/results.md`; `docs/performance.md` answers the speed questions.")
+    used = [run for name in SHARDING_ORDER[1:] for run in e.sharding(name, **SHARDING_SGD)[1]]
+    saved = [run["analysis"]["memory"]["expected_optimizer_state_saving_bytes_vs_ddp"] / MIB for run in used
+             if run["config"].strategy == "zero1"]
+    peaks = [run["peak_allocated_mib"] for run in used if run["config"].strategy == "ddp"]
+    rows = [["DDP speed", "1 GPU, eager (the default)", rates_text(default)],
+            ["DDP speed", "1 GPU, the fastest mode (fp16, compiled, captured, tuned)", median_text(e.pick(**FASTEST))],
+            ["DDP scaling", "2 GPUs, eager, the defaults", scaling_of(two, default)],
+            ["DDP scaling", "2 GPUs, eager, `--no-broadcast-buffers`", scaling_of(two_nobb, default)],
+            ["DDP scaling", "2 GPUs, compiled, 50 MB buckets, no buffer broadcast",
+             scaling_of(compiled, compiled_base)],
+            ["Lightning cost", "1 GPU / native", ratio_of(e.pick(**TWIN), default)],
+            ["Lightning cost", "2 GPUs, the matched variant's pieces / native", ratio_of(matched, two)],
+            ["Lightning cost", "2 GPUs, DDP on Lightning's side stream / native", ratio_of(side, two)],
+            ["Lightning cost", "2 GPUs, the twin with its SIGTERM broadcast / without", ratio_of(sigterm, no_sigterm)],
+            ["Lightning cost", "1 GPU, 32 images (host-bound), matched, interleaved", INTERLEAVED[0]],
+            *[["sharding speed", f"2 GPUs, {label} / DDP", launches_text(*e.sharding(name, **SHARDING_SGD))]
+              for name, label in (("oss_ddp", "OSS + DDP"), ("oss_sharded_ddp", "OSS + ShardedDDP"),
+                                  ("fsdp_zero2", "FSDP2 ZeRO-2 (one unit)"))],
+            ["sharding memory", "2 GPUs, optimizer state saved (SGD) / peak",
+             f"{range_text(saved, lambda value: f'{value:.1f}')} MiB of {range_text(peaks, format_mib)} MiB"]]
+    return "\n\n".join([table(["question", "configuration", "result"], rows), wrap(
+        "Ratios pair runs of one machine, commit and software; ranges cover every committed repeat. Every result file "
+        "behind these figures: [docs/results.md](docs/results.md); the speed questions in detail: "
+        "[docs/performance.md](docs/performance.md); sharding: [docs/sharding.md](docs/sharding.md).")])
 
 
 def performance_answers(e):
@@ -1631,61 +1078,17 @@ def lightning_answers(e):
                   "Lightning / native", "files"], rows)
 
 
-def comparison_label(a, b):
-    """What B changes against A: another script (with the options both share), or B's further options."""
-    def script_and_options(command):
-        words = command.split()
-        start = next((i for i, word in enumerate(words) if word.endswith(".py")), 0)
-        return words[start], words[start + 1:]
-    (script_a, options_a), (script_b, options_b) = script_and_options(a or ""), script_and_options(b or "")
-    if script_a != script_b:
-        names = {"lightning/ddp_resnet50.py": "the twin (stock)", "ddp_resnet50.py": "native"}
-        shared = " ".join(options_a) if options_a == options_b else f"{' '.join(options_a)} / {' '.join(options_b)}"
-        return (f"{names.get(script_b, f'`{script_b}`')} / {names.get(script_a, f'`{script_a}`')}"
-                + (f", both `{shared}`" if shared.strip() else ""))
-    extra = [option for option in options_b if option not in options_a]
-    if {"--coordinate-descent-tuning", "--sums-batch-norm", "--cuda-graphs"} <= set(extra):
-        precision = extra[extra.index("--precision") + 1] if "--precision" in extra else "bf16"
-        extra = [f"the fastest mode in {precision}"]  # performance.md's section of that name gives its options
-    else:
-        extra = [f"`{' '.join(extra)}`"]
-    return f"{extra[0]} / " + (f"`{' '.join(options_a)}`" if options_a else "the default")
-
-
-def comparison_result(document):
-    """B / A with its 95 % interval and pairs, or the single pair a run cut short left, saying so."""
-    pairs = document.get("pairs") if isinstance(document.get("pairs"), list) else []
-    interval = document.get("interval_95")
-    if not pairs or not is_number(document.get("ratio")):
-        return f"no complete pair ({document.get('status')})"
-    if isinstance(interval, list) and len(interval) == 2:
-        return (f"{document['ratio']:.3f} (95 % interval {interval[0]:.3f}–{interval[1]:.3f}; "
-                f"{len(pairs)} pairs)")
-    return f"{document['ratio']:.3f} from {len(pairs)} pair, no interval (stopped: {document.get('status')})"
-
-
-def comparisons_answers(e):
-    """Every committed compare.py comparison: B against A, alternated on one machine, with its interval."""
-    rows = []
-    for path, document in sorted(e.comparisons, key=lambda item: str(item[0])):
-        commands = document.get("commands") or {}
-        gpus = sorted({uuid[:8] for side in (document.get("machine") or {}).values() if isinstance(side, dict)
-                       for uuid in side.get("gpu_uuids") or []})
-        rows.append([comparison_label(commands.get("a"), commands.get("b")), comparison_result(document),
-                     ", ".join(gpus) or "—", link(pathlib.Path(path).resolve(), e.base)])
-    if not rows:
-        return "No comparisons committed yet (`python compare.py`)."
-    return table(["B / A", "B / A throughput", "GPU", "file"], rows)
-
-
-def sections(runs, comparisons, root=REPOSITORY):
-    """{name: function of a document giving its generated block}: report.py's and scaling_model.py's."""
+def sections(runs, comparisons):
+    """{name: function of a document (its path in the repository) giving its generated block}: report.py's, from
+    the runs and comparisons, and scaling_model.py's."""
     def answer(build):
-        return lambda document: build(Evidence(runs, document, root, comparisons))
-    return {"summary": answer(summary_answers), "summary-comparisons": answer(comparisons_answers),
-            "comparisons": answer(comparisons_answers), "performance": answer(performance_answers),
+        return lambda document: build(Evidence(runs, document))
+    return {"summary": answer(summary_answers), "performance": answer(performance_answers),
             "one-gpu": answer(one_gpu_answers), "sharding": answer(sharding_answers),
-            "lightning-cost": answer(lightning_answers), **tool_module("scaling_model").SECTIONS}
+            "lightning-cost": answer(lightning_answers),
+            "results": lambda document: render_markdown(runs, (REPOSITORY / document).parent, "##", comparisons),
+            "comparisons": lambda document: comparisons_table(comparisons, (REPOSITORY / document).parent),
+            **tool_module("scaling_model").SECTIONS}
 
 
 def tool_module(name):
@@ -1739,11 +1142,18 @@ def fitted(starts, items, limit=MAX_LINE):
     return (starts[-1] + f"{len(items)} fields")[:limit]
 
 
-def mismatch_starts(template, name, reference_path):
-    """template with the paths as given, then with their file names only: the fields must fit in the line."""
+INCOMPARABLE = "incomparable: no result in {where} has the configuration of {name}; the nearest differs in "
+UNCHECKED = ("report.py: warning: {name}: not checked, no reference in {where} with its configuration; the nearest "
+             "differs in ")
+
+
+def mismatch_line(template, name, run, references, reference_path, limit=MAX_LINE):
+    """template with the paths as given, else with their file names only, then the fields in which the nearest
+    reference differs, as many as fit within limit characters."""
     where = display_path(reference_path, pathlib.Path.cwd())
-    return [template.format(name=name, where=where),
-            template.format(name=pathlib.Path(name).name, where=pathlib.Path(where).name)]
+    starts = [template.format(name=name, where=where),
+              template.format(name=pathlib.Path(name).name, where=pathlib.Path(where).name)]
+    return fitted(starts, nearest_difference(run["config"], references), limit)
 
 
 def nearest_difference(config, references):
@@ -1780,149 +1190,104 @@ def check_run(run, reference, tolerance, name):
     return violations, notes
 
 
+def reference_of(run, references):
+    """The reference row of run's configuration; of those that differ only in their torch version, the run's own
+    version where there is one."""
+    return min((row for row in references if same_configuration(run["config"], row["config"])),
+               key=lambda row: row["config"].torch != run["config"].torch, default=None)
+
+
 def check_against(runs, reference_runs, tolerance, reference_path):
     """Returns (exit code, lines to print)."""
     references = [row for row in aggregate(reference_runs) if row["status"] == "ok"]
     if not references:
         raise UsageError(f"--check-against {reference_path}: no result with status ok to compare with")
-    violations, checked, unmatched, lines = [], 0, [], []
+    violations, notes, unmatched, checked = [], [], [], 0
     for run in sorted(runs, key=lambda run: str(run["path"])):
         name = display_path(run["path"], pathlib.Path.cwd())
+        reference = reference_of(run, references)
         if run["status"] != "ok":
             violations.append(f"{name}: status {run['status']}: {run['failure'] or 'no message'}")
-            continue
-        # Of references that differ only in their torch version, the run's own version where there is one.
-        reference = min((row for row in references if same_configuration(run["config"], row["config"])),
-                        key=lambda row: row["config"].torch != run["config"].torch, default=None)
-        if reference is None:
+        elif reference is None:
             unmatched.append((name, run))
-            continue
-        checked += 1
-        found, notes = check_run(run, reference, tolerance, name)
-        violations += found
-        lines += notes
+        else:
+            checked += 1
+            found, noted = check_run(run, reference, tolerance, name)
+            violations, notes = violations + found, notes + noted
     # Nothing compared and nothing failed: the reference is for other configurations, a mistake in the call.
     if unmatched and not checked and not violations:
-        name, run = unmatched[0]
-        template = "incomparable: no result in {where} has the configuration of {name}; the nearest differs in "
-        raise UsageError(fitted(mismatch_starts(template, name, reference_path),
-                                nearest_difference(run["config"], references),
-                                limit=MAX_LINE - len("report.py: error: ")))
-    template = ("report.py: warning: {name}: not checked, no reference in {where} with its configuration; the nearest "
-                "differs in ")
-    for name, run in unmatched:
-        lines.append(fitted(mismatch_starts(template, name, reference_path),
-                            nearest_difference(run["config"], references)))
+        raise UsageError(mismatch_line(INCOMPARABLE, *unmatched[0], references, reference_path,
+                                       limit=MAX_LINE - len("report.py: error: ")))
+    notes += [mismatch_line(UNCHECKED, name, run, references, reference_path) for name, run in unmatched]
+    return check_verdict(violations, notes, checked, len(unmatched), tolerance, reference_path)
+
+
+def check_verdict(violations, notes, checked, unmatched, tolerance, reference_path):
     if violations:
-        lines += [f"REGRESSION {line}" for line in violations]
-        lines.append(f"check failed: {len(violations)} violation{'s' * (len(violations) > 1)} against "
-                     f"{reference_path} (tolerance {tolerance:.1%})")
-        return EXIT_FAILED, lines
-    lines.append(f"check passed: {checked} result{'s' * (checked != 1)} within {tolerance:.1%} of "
-                 f"{reference_path} (throughput, and peak memory over the same steps; {len(unmatched)} without a "
-                 "reference)")
-    return EXIT_OK, lines
-
-
-# ---------------------------------------------------------------------------- files
-
-def markdown_document(runs, out, inputs, comparisons=()):
-    """The report as a Markdown file at out: paths relative to the repository when out lies in it (else to out's
-    folder), so that the file is the same wherever the command runs, and a first line that says how to remake it."""
-    out = pathlib.Path(out).resolve()
-    base = REPOSITORY if out.is_relative_to(REPOSITORY) else out.parent
-    command = " ".join(["python report.py", *[display_path(pathlib.Path(p), base) for p in inputs],
-                        "--markdown", display_path(out, base)])
-    return (f"# Benchmark results\n\n<!-- generated by `{command}`: edit the results, not this file -->\n\n"
-            f"{render_markdown(runs, base, heading='##', comparisons=comparisons)}"), command
-
-
-def read_text(path, option):
-    try:
-        return pathlib.Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{option} {path}: cannot be read ({getattr(error, 'strerror', None) or error})")
-
-
-def write_text(path, text, option):
-    try:
-        write_atomically(path, text)
-    except OSError as error:
-        raise UsageError(f"{option} {path}: cannot be written ({error.strerror or error})")
+        return EXIT_FAILED, notes + [f"REGRESSION {line}" for line in violations] + [
+            f"check failed: {len(violations)} violation{'s' * (len(violations) > 1)} against {reference_path} "
+            f"(tolerance {tolerance:.1%})"]
+    return EXIT_OK, notes + [f"check passed: {checked} result{'s' * (checked != 1)} within {tolerance:.1%} of "
+                             f"{reference_path} (throughput, and peak memory over the same steps; {unmatched} "
+                             "without a reference)"]
 
 
 # ---------------------------------------------------------------------------- command line
 
 def parse_arguments(argv=None):
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("paths", nargs="*", metavar="PATH", help="result files or folders (searched recursively)")
-    parser.add_argument("--markdown", metavar="OUT.md", help="write the Markdown report to this file, its paths "
-                                                             "relative to the repository (to the file's folder outside "
-                                                             "it); default: stdout")
-    parser.add_argument("--sharding", action="store_true", help="print only the sharding tables of oss_benchmark.py, "
-                                                                "one per launch")
-    parser.add_argument("--plots", metavar="DIR", help="write PNG plots into this folder (needs matplotlib)")
-    parser.add_argument("--check-against", metavar="REF", help="reference result file or folder: exit 1 on a "
-                                                               "regression")
-    parser.add_argument("--tolerance", help="allowed throughput drop and memory rise, 5%% or 0.05 (default 5%%)")
-    parser.add_argument("--check-markdown", metavar="FILE.md", help="exit 1 when this file differs from what "
-                                                                   "--markdown would write there")
-    parser.add_argument("--docs", action="store_true", help="regenerate every generated block of the documents "
-                                                            "(report.py's from results/, and scaling_model.py's)")
-    parser.add_argument("--check-docs", action="store_true", help="exit 1 when a generated block differs from what "
-                                                                  "--docs would write")
-    parser.add_argument("--validation", metavar="V.json", help="with --plots: also plot predicted against measured "
-                        "efficiency from scaling_model.py --validate's JSON (scaling-predicted-vs-measured.png)")
+    add = parser.add_argument
+    add("paths", nargs="*", metavar="PATH", help="result files or folders (searched recursively)")
+    add("--markdown", metavar="OUT.md", help="write the Markdown report to this file (default: stdout)")
+    add("--sharding", action="store_true", help="print only the sharding tables of oss_benchmark.py, one per launch")
+    add("--plots", metavar="DIR", help="write PNG plots into this folder (needs matplotlib)")
+    add("--check-against", metavar="REF", help="reference result file or folder: exit 1 on a regression")
+    add("--tolerance", help="allowed throughput drop and memory rise, 5%% or 0.05 (default 5%%)")
+    add("--docs", action="store_true", help="regenerate every generated block of the documents from results/")
+    add("--check-docs", action="store_true", help="exit 1 when a generated block differs from what --docs writes")
     args = parser.parse_args(argv)
-    answering = args.docs or args.check_docs
-    if args.validation and not args.plots:
-        raise UsageError("--validation needs --plots: it is a plot")
-    if answering and (args.markdown or args.sharding or args.plots or args.check_against):
-        raise UsageError("--docs and --check-docs combine only with --check-markdown")
-    if answering and not args.paths:
-        args.paths = [str(REPOSITORY / "results")]
-    if not args.paths:
+    if (args.docs or args.check_docs) and (args.paths or args.markdown or args.sharding or args.plots
+                                           or args.check_against):
+        raise UsageError("--docs and --check-docs read results/ and take no other option")
+    if not args.paths and not (args.docs or args.check_docs):
         raise UsageError("the following arguments are required: PATH")
     if args.tolerance is not None and not args.check_against:
         raise UsageError("--tolerance needs --check-against")
-    if args.sharding and (args.markdown or args.check_markdown):
-        raise UsageError("--sharding prints to stdout: drop --markdown and --check-markdown")
+    if args.sharding and args.markdown:
+        raise UsageError("--sharding prints to stdout: drop --markdown")
     args.tolerance = parse_tolerance("5%" if args.tolerance is None else args.tolerance)
     return args
 
 
-def plot_scaling_validation(validation_path, directory):
-    """scaling_model.py's own plot of its --validate JSON: predicted against measured efficiency of every run."""
+def main_docs(check):
+    """Regenerate (or check) every generated block of the documents, from the repository's folder."""
+    runs, comparisons = load_documents([REPOSITORY / "results"])
+    here = os.getcwd()
+    os.chdir(REPOSITORY)  # scaling_model.py's sections name their files relative to it
     try:
-        validation = json.loads(pathlib.Path(validation_path).read_text())
-    except (OSError, ValueError) as error:
-        raise UsageError(f"--validation {validation_path}: not a readable JSON file ({error})") from None
-    if not isinstance(validation, dict) or not isinstance(validation.get("runs"), list):
-        raise UsageError(f"--validation {validation_path}: not scaling_model.py --validate's JSON (no runs)")
-    path = pathlib.Path(directory) / "scaling-predicted-vs-measured.png"
-    tool_module("scaling_model").plot_predicted_against_measured(validation, path)
-    return path
+        blocks = sections(runs, comparisons)
+        return check_documents(blocks) if check else update_documents(blocks)
+    finally:
+        os.chdir(here)
 
 
-def check_markdown_file(runs, comparisons, args):
-    old = read_text(args.check_markdown, "--check-markdown")
-    new, command = markdown_document(runs, args.check_markdown, args.paths, comparisons)
-    if new != old:
-        print(f"{args.check_markdown}: differs from the report of {' '.join(args.paths)}: run {command}",
-              file=sys.stderr)
-        return EXIT_FAILED
-    print(f"{args.check_markdown}: agrees with the report of {' '.join(args.paths)}")
-    return EXIT_OK
+def write_markdown(runs, comparisons, out):
+    text = f"# Benchmark results\n\n{render_markdown(runs, pathlib.Path(out).resolve().parent, '##', comparisons)}"
+    try:
+        write_atomically(out, text)
+    except OSError as error:
+        raise UsageError(f"--markdown {out}: cannot be written ({error.strerror or error})") from None
+    print(f"wrote {out}")
 
 
 def main(argv=None):
     args = parse_arguments(argv)
+    if args.docs or args.check_docs:
+        return main_docs(args.check_docs)
     runs, comparisons = load_documents(args.paths)
-    file_mode = args.markdown or args.check_markdown or args.docs or args.check_docs
-    # A Markdown file may say that there are no results yet; every other use needs some.
-    if not runs and not file_mode:
+    if not runs and not args.markdown:  # a Markdown file may say that there are no results yet
         raise UsageError(f"no result files in {', '.join(args.paths)}")
-    status, checked = EXIT_OK, None
+    checked = None
     if args.check_against:  # an unusable reference ends the run before anything is written
         reference_runs = load_runs([args.check_against], what="reference")
         if not reference_runs:
@@ -1930,33 +1295,19 @@ def main(argv=None):
         checked = check_against(runs, reference_runs, args.tolerance, args.check_against)
     if args.plots:
         prepare_plots(args.plots)
-    if args.check_markdown:
-        status = check_markdown_file(runs, comparisons, args)
-    if args.docs:
-        update_documents(sections(runs, comparisons))
-    if args.check_docs:
-        status = max(status, check_documents(sections(runs, comparisons)))
     if args.markdown:
-        write_text(args.markdown, markdown_document(runs, args.markdown, args.paths, comparisons)[0], "--markdown")
-        print(f"wrote {args.markdown}")
+        write_markdown(runs, comparisons, args.markdown)
     elif args.sharding:
         print(render_sharding(runs, pathlib.Path.cwd()), end="")
-    elif not (args.check_markdown or args.docs or args.check_docs):
+    else:
         print(render_markdown(runs, pathlib.Path.cwd(), heading="##", comparisons=comparisons), end="")
     if args.plots:
-        written, notes = write_plots(runs, args.plots)
-        if args.validation:
-            written.append(plot_scaling_validation(args.validation, args.plots))
-        for note in notes:
-            print(f"report.py: note: {note}", file=sys.stderr)
-        for path in written:
-            print(f"wrote {path}")
-    if checked is not None:
-        code, lines = checked
-        for line in lines:
-            print(line, file=sys.stderr if line.startswith("report.py:") else sys.stdout)
-        status = max(status, code)
-    return status
+        print_plots(runs, args.plots)
+    if checked is None:
+        return EXIT_OK
+    for line in checked[1]:
+        print(line, file=sys.stderr if line.startswith("report.py:") else sys.stdout)
+    return checked[0]
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import uuid
 REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 SCHEMA_PATH = REPOSITORY / "schema" / "result.schema.json"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 2  # the result files' format that the analysis tools read (schema/result.schema.json)
 # The packages whose versions a result records: results that differ in one of them are not like for like.
 SOFTWARE = ("python", "torch", "cuda", "cudnn", "nccl", "torchvision", "lightning", "fairscale")
 # A list of plain values longer than this is validated through a sample (schema_sample).
@@ -164,9 +164,8 @@ def document_problem(document):
     """Why a parsed JSON document cannot be read as a result, or None."""
     if not isinstance(document, dict) or "schema_version" not in document:
         return "not a benchmark result (no schema_version)"
-    if document["schema_version"] not in READABLE_VERSIONS:
-        return (f"schema_version {document['schema_version']!r}, the analysis tools read versions "
-                f"{' and '.join(map(str, READABLE_VERSIONS))}")
+    if document["schema_version"] != SCHEMA_VERSION:
+        return f"schema_version {document['schema_version']!r}, the analysis tools read version {SCHEMA_VERSION}"
     try:
         return schema_problem(document) or semantic_problem(document)
     except RecursionError:
@@ -264,9 +263,10 @@ def same_build(a, b):
 # ---------------------------------------------------------------------------- atomic writes
 
 def write_atomically(path, text, overwrite=True):
-    """Write text (str, or bytes such as an image) to path whole or not at all: a temporary file in the same folder (its mode from the umask, or the
-    replaced file's), synced, then renamed over path (overwrite) or linked to it, which refuses a path that exists,
-    even one that another run wrote meanwhile (UsageError). A full disk or a kill leaves the old file whole."""
+    """Write text (str, or bytes such as an image) to path whole or not at all: a temporary file in the same folder
+    (its mode from the umask, or the replaced file's), synced, then renamed over path (overwrite) or linked to it,
+    which refuses a path that exists, even one that another run wrote meanwhile (UsageError). A full disk or a kill
+    leaves the old file whole."""
     path = pathlib.Path(path)
     temporary = temporary_path(path)
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
