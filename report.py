@@ -508,13 +508,21 @@ SHARDING_EXPLANATION = wrap(
 
 # ---------------------------------------------------------------------------- comparisons (compare.py)
 
+def script_and_options(command):
+    words = (command or "").split()
+    start = next((i for i, word in enumerate(words) if word.endswith(".py")), 0)
+    return words[start], words[start + 1:]
+
+
+def options_text(options):
+    return f"`{' '.join(options)}`" if options else "the default"
+
+
 def comparison_label(a, b):
     """What B changes against A: another script (with the options both share), or B's further options."""
-    def script_and_options(command):
-        words = command.split()
-        start = next((i for i, word in enumerate(words) if word.endswith(".py")), 0)
-        return words[start], words[start + 1:]
-    (script_a, options_a), (script_b, options_b) = script_and_options(a or ""), script_and_options(b or "")
+    (script_a, options_a), (script_b, options_b) = script_and_options(a), script_and_options(b)
+    if a == b:
+        return f"A/A: the same command twice ({options_text(options_a)})"
     if script_a != script_b:
         names = {"lightning/ddp_resnet50.py": "the twin (stock)", "ddp_resnet50.py": "native"}
         shared = " ".join(options_a) if options_a == options_b else f"{' '.join(options_a)} / {' '.join(options_b)}"
@@ -526,7 +534,7 @@ def comparison_label(a, b):
         extra = f"the fastest mode in {precision}"  # performance.md's section of that name gives its options
     else:
         extra = f"`{' '.join(extra)}`"
-    return f"{extra} / " + (f"`{' '.join(options_a)}`" if options_a else "the default")
+    return f"{extra} / {options_text(options_a)}"
 
 
 def comparison_result(document):
@@ -536,10 +544,23 @@ def comparison_result(document):
     label = "" if document.get("like_for_like", True) else f" {ACROSS_BUILDS}"
     if not pairs or not is_number(document.get("ratio")):
         return f"no complete pair ({document.get('status')})"
+    noisy = document.get("noisy_rounds") or 0
+    noise = f"; {noisy} of {len(document.get('rounds') or [])} rounds noisy" if noisy else ""
     if isinstance(interval, list) and len(interval) == 2:
         return (f"{document['ratio']:.3f}{label} (95 % interval {interval[0]:.3f}–{interval[1]:.3f}; "
-                f"{len(pairs)} pairs)")
-    return f"{document['ratio']:.3f}{label} from {len(pairs)} pair, no interval (stopped: {document.get('status')})"
+                f"{len(pairs)} pairs{noise})")
+    return (f"{document['ratio']:.3f}{label} from {len(pairs)} pair, no interval (stopped: {document.get('status')}"
+            f"{noise})")
+
+
+def machine_text(document):
+    """The GPU models of a comparison with the first 8 characters of each GPU's UUID, or the CPU."""
+    sides = [side for side in (document.get("machine") or {}).values() if isinstance(side, dict)]
+    names = sorted({name for side in sides for name in side.get("gpu_names") or []})
+    uuids = sorted({uuid[:8] for side in sides for uuid in side.get("gpu_uuids") or []})
+    if not uuids:
+        return ", ".join(sorted({str(side.get("cpu")) for side in sides})) or "—"
+    return f"{', '.join(names) or 'GPU'} {', '.join(uuids)}"
 
 
 def comparisons_table(comparisons, base):
@@ -547,11 +568,38 @@ def comparisons_table(comparisons, base):
     rows = []
     for path, document in sorted(comparisons, key=lambda item: str(item[0])):
         commands = document.get("commands") or {}
-        gpus = sorted({uuid[:8] for side in (document.get("machine") or {}).values() if isinstance(side, dict)
-                       for uuid in side.get("gpu_uuids") or []})
         rows.append([comparison_label(commands.get("a"), commands.get("b")), comparison_result(document),
-                     ", ".join(gpus) or "—", link(path, base)])
+                     machine_text(document), link(path, base)])
     return table(["B / A", "B / A throughput", "GPU", "file"], rows) if rows else "No comparisons (compare.py)."
+
+
+def detectable_percent(logs, pairs):
+    """The smallest B/A difference (per cent) whose 95 % interval excludes 1 after this many pairs, at the spread of
+    these log pair ratios: t(0.975, pairs - 1) x their standard deviation / sqrt(pairs)."""
+    from scipy.stats import t
+    return 100 * (math.exp(t.ppf(0.975, pairs - 1) * statistics.stdev(logs) / math.sqrt(pairs)) - 1)
+
+
+def noise_table(comparisons, base):
+    """A/A comparisons (the same command as A and B): the spread of their pair ratios, and the difference that each
+    number of pairs can tell apart from that noise."""
+    rows = []
+    for path, document in sorted(comparisons, key=lambda item: str(item[0])):
+        commands = document.get("commands") or {}
+        ratios = [pair["ratio"] for pair in document.get("pairs") or []]
+        if commands.get("a") != commands.get("b") or len(ratios) < 2:
+            continue
+        logs = [math.log(ratio) for ratio in ratios]
+        script, options = script_and_options(commands["a"])
+        rows.append([f"`{' '.join([script, *options])}`", machine_text(document),
+                     f"{min(ratios):.3f}–{max(ratios):.3f} ({len(ratios)} pairs, "
+                     f"{document.get('noisy_rounds') or 0} of {len(document.get('rounds') or [])} rounds noisy)",
+                     f"{100 * statistics.stdev(logs):.2f} %",
+                     *(f"±{detectable_percent(logs, pairs):.1f} %" for pairs in (4, 8, 16, 32)),
+                     link(path, base)])
+    header = ["command (A and B)", "GPU", "pair ratios", "spread (sd of log ratio)", "4 pairs", "8 pairs",
+              "16 pairs", "32 pairs", "file"]
+    return table(header, rows) if rows else "No A/A comparisons (compare.py with one command as A and B)."
 
 
 # ---------------------------------------------------------------------------- the report
@@ -1088,6 +1136,7 @@ def sections(runs, comparisons):
             "lightning-cost": answer(lightning_answers),
             "results": lambda document: render_markdown(runs, (REPOSITORY / document).parent, "##", comparisons),
             "comparisons": lambda document: comparisons_table(comparisons, (REPOSITORY / document).parent),
+            "noise": lambda document: noise_table(comparisons, (REPOSITORY / document).parent),
             **tool_module("scaling_model").SECTIONS}
 
 
