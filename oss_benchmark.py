@@ -812,11 +812,13 @@ def parse_arguments_with_extras(parser, argv, **defaults):
 
 
 def import_extras():
+    """lib/benchmark_extras.py of the repository: <here>/lib beside a script at the top, <here>/../lib for the twin."""
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path += [folder for folder in (here, os.path.dirname(here)) if folder not in sys.path]
+    sys.path += [folder for folder in (os.path.join(here, "lib"), os.path.join(os.path.dirname(here), "lib"))
+                 if folder not in sys.path]
     with contextlib.suppress(ModuleNotFoundError):
         return importlib.import_module("benchmark_extras")
-    raise UsageError("this option needs benchmark_extras.py from the repository beside the script")
+    raise UsageError("this option needs lib/benchmark_extras.py of the repository")
 
 
 def launcher_integer(env, name, default=None, high=10**9):
