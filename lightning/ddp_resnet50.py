@@ -50,11 +50,6 @@ import time
 import uuid
 import warnings
 
-if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):  # answered before torch's import (seconds)
-    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the twin's: one folder up
-    with contextlib.suppress(ImportError):  # help_before_torch.py is in the repository, not beside a copied script
-        __import__("help_before_torch").print_help(__file__)
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -433,7 +428,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 def parse_arguments_with_extras(parser, argv, **defaults):
     """Every script's options (defaults: a script's own, for --lr); benchmark_extras.py's join when the command line
-    has one the script lacks, or -h."""
+    has one the script lacks, or -h (a script copied without lib/ shows its own)."""
     add = parser.add_argument
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument("--batch-size-per-device", type=int, help="weak scaling: images per device (256 on GPU, 8 on "
@@ -455,7 +450,10 @@ def parse_arguments_with_extras(parser, argv, **defaults):
     add("--timeout", type=int, default=300, help="seconds a rank waits for the others (%(default)s)")
     add("--compile", action="store_true", help="torch.compile the model")
     argv = sys.argv[1:] if argv is None else argv
-    if {"-h", "--help"} & set(argv) or parser.parse_known_args(argv)[1]:
+    if {"-h", "--help"} & set(argv):  # the extras' options too, where lib/ is found
+        with contextlib.suppress(UsageError):
+            import_extras().add_arguments(parser)
+    elif parser.parse_known_args(argv)[1]:
         import_extras().add_arguments(parser)
     return parser.parse_args(argv)
 
