@@ -250,7 +250,7 @@ def main(argv=None):
         trainer, module = build_step(run)
         measure(trainer, module)
         return module.exit_code
-    except SIGTERMException:  # Lightning's stop on SIGTERM, before a step: the signal's exit code, not 0
+    except SIGTERMException:  # Lightning stops after the step in which SIGTERM came: its exit code, not 0
         return 128 + signal.SIGTERM
     except Exception as error:  # noqa: BLE001 - one rank out of memory: its "oom" result; else raised again
         return run.out_of_memory(error)

@@ -71,8 +71,8 @@ def make_module_class(native_argv, block_steps, blocks):
 
         instance = None
 
-        def __init__(self, run, refusal):
-            super().__init__(run, refusal)
+        def __init__(self, run):
+            super().__init__(run)
             type(self).instance = self
             self.blocks, self.native, self.native_step, self.native_index, self.block_start = [], None, None, 0, None
 
