@@ -52,9 +52,10 @@ def test_a_killed_rank_ends_the_torchrun_job_which_names_it_and_nothing_is_writt
 
 def test_a_stopped_rank_ends_the_torchrun_job_within_the_timeout_and_the_grace(tmp_path):
     """SIGSTOP to rank 1: rank 0's collective gives up at --timeout and it says so in one line; torchrun's agent
-    then ends the stopped rank (SIGKILL after its grace)."""
-    output = tmp_path / "result.json"
-    proc, rank1 = torchrun_native([*LONG, "--timeout", "5", "--output", str(output)])
+    then ends the stopped rank (SIGKILL after its grace). Rank 0 failed: the previous result stays byte for byte."""
+    previous = tmp_path / "result.json"
+    previous.write_bytes(PREVIOUS)
+    proc, rank1 = torchrun_native([*LONG, "--timeout", "5", "--output", str(previous), "--overwrite"])
     os.kill(rank1, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
@@ -65,7 +66,8 @@ def test_a_stopped_rank_ends_the_torchrun_job_within_the_timeout_and_the_grace(t
     elapsed = time.monotonic() - stopped
     assert code != 0 and elapsed < 5 + GRACE_S + 10, (elapsed, err[-3000:])
     assert re.search(r"^ddp_resnet50\.py: error on rank 0: \w+: .*", err, flags=re.MULTILINE), err[-3000:]
-    assert not output.exists()
+    assert previous.read_bytes() == PREVIOUS
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["result.json"]
 
 
 def test_bad_input_on_two_ranks_is_one_line_from_each_and_leaves_the_previous_output(tmp_path):
