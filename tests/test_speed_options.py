@@ -8,8 +8,7 @@ from conftest import LIGHTNING, NATIVE, SMALL, finish, launch_by_hand, read_resu
 
 @pytest.fixture(scope="module")
 def extras(native):
-    import benchmark_extras
-    return benchmark_extras
+    return native.import_extras()
 
 
 def test_without_its_options_no_script_imports_the_extras():
@@ -55,7 +54,7 @@ def test_ddp_is_built_with_the_options(native, tmp_path, monkeypatch):
                                      "--bucket-cap-mb", "10", "--no-gradient-as-bucket-view", "--no-broadcast-buffers",
                                      "--static-graph", "--output", str(tmp_path / "r.json")], cuda=False, count=0)
     config.update(model="resnet50", optimizer="sgd", optimizer_impl="foreach")
-    run = object.__new__(native.Run)  # no constructor: no signal handlers, no process group
+    run = object.__new__(native.Run)  # no constructor: no device set up, no process group
     run.config, run.device, run.rank, run.world_size = config, native.torch.device("cpu"), 0, 2
     built = {}
     monkeypatch.setattr(native, "DistributedDataParallel", lambda model, **options: built.update(options) or model)
