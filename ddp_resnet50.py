@@ -14,8 +14,8 @@ Launch recipes:
     torchrun --standalone --nproc-per-node 8 ddp_resnet50.py --output result-8gpu.json
     # strong scaling: a fixed global batch, split over the ranks
     torchrun --standalone --nproc-per-node 8 ddp_resnet50.py --global-batch-size 1024
-    # Slurm, one task per GPU (MASTER_ADDR/PORT derived from the job when unset)
-    srun --ntasks-per-node 4 --gpus-per-node 4 python ddp_resnet50.py --output result-4gpu.json
+    # Slurm, one task per GPU (several nodes: export MASTER_ADDR, as slurm/common.sh does)
+    srun --kill-on-bad-exit=1 --ntasks-per-node 4 --gpus-per-node 4 python ddp_resnet50.py --output result-4gpu.json
     # several nodes through torchrun
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 ddp_resnet50.py
     # CPU smoke run (gloo), as in the tests
@@ -37,25 +37,19 @@ import math
 import os
 import platform
 import re
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-
-if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):  # answered before torch's import (seconds)
-    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the twin's: one folder up
-    with contextlib.suppress(ImportError):  # help_before_torch.py is in the repository, not beside a copied script
-        __import__("help_before_torch").print_help(__file__)
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import torchvision
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
 SCRIPT, STRATEGY = "ddp_resnet50.py", "ddp"
@@ -115,13 +109,13 @@ def build_step(run):
 
 
 def measure(run, step):
-    """Warm-up, then the timed steps (a stop request ends them early)."""
+    """Warm-up, then the timed steps."""
     for index in range(run.config["warmup_steps"] + run.config["steps"]):
         run.before_step(index)
-        if run.after_step(index, step()):
-            break
+        run.after_step(index, step())
 
 
+@record  # under torchrun, a failing rank's traceback is the job's root cause
 def main(argv=None):
     args = parse_arguments(argv)
     launch = detect_launch(os.environ)
@@ -130,22 +124,20 @@ def main(argv=None):
     config = resolve_harness_config(args, launch, SCRIPT, STRATEGY, cuda, device_count,
                                     cuda and torch.cuda.is_bf16_supported())
     config.update(model="resnet50", optimizer="sgd", optimizer_impl=sgd_implementation(cuda, config["grad_scaler"]))
-    refusal = output_refusal(config, launch["rank"])
-    if refusal and launch["world_size"] == 1:  # no other rank to tell
+    refusal = output_refusal(config)
+    if refusal:
         raise UsageError(refusal)
     run, step = Run(config, launch, device_count), None
     try:
-        run.join_ranks(refusal)
+        run.join_ranks()
         step, model = build_step(run)
         measure(run, step)
-        record = run.collect_record(model.parameters())
-        if config["collective_probe"] and not record["signal"]:  # every rank, after its timed steps
+        rank_record = run.collect_record(model.parameters())
+        if config["collective_probe"]:  # every rank, after its timed steps
             run.result["collective_probe"] = import_extras().probe_collectives(run)
-        return run.finish(record)
-    except UsageError:
-        raise
-    except BaseException as error:  # noqa: BLE001 - every failure ends in a result, not a traceback
-        run.fail(error)
+        return run.finish(rank_record)
+    except Exception as error:  # noqa: BLE001 - one rank out of memory: its "oom" result; else raised again
+        return run.out_of_memory(error)
     finally:
         shut_down(step)
 
@@ -158,10 +150,7 @@ def main(argv=None):
 SCHEMA_VERSION = 2
 DEFAULT_BATCH = {"cuda": 256, "cpu": 8}
 EXIT_USAGE = 2
-EXIT_CODES = {"ok": 0, "error": 1, "desync": 3, "oom": 4}  # and 128 + N when signal N interrupted the run
-# Each stops every rank after the same step, the steps so far kept: Slurm's time limit and scancel (TERM), Ctrl-C,
-# Slurm's warning before a preemption or the time limit (sbatch --signal=USR1@120), a closed terminal (HUP).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+EXIT_CODES = {"ok": 0, "error": 1, "desync": 3, "oom": 4}  # and 128 + N when signal N ended the run
 NUM_CLASSES = 1000  # ImageNet's
 REPLICA_TOLERANCE = 1e-9  # relative, between float64 sums of the parameters that DDP keeps identical on every rank
 LAUNCH_ID = uuid.uuid4().hex  # rank 0's: every result of one launch shares it (oss_benchmark.py writes several)
@@ -181,11 +170,7 @@ RESULT_FIGURES = ("throughput", "stability", "step_time_ms", "step_times_ms_per_
 
 
 class UsageError(Exception):
-    """Bad input: one line naming the broken rule, exit code 2, nothing written."""
-
-
-class LaunchError(UsageError):
-    """Bad launcher variables: they may differ between ranks, so every rank says what it saw."""
+    """Bad input: one line naming the broken rule from every rank, exit code 2, nothing written."""
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -203,7 +188,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 def parse_arguments_with_extras(parser, argv, **defaults):
     """Every script's options (defaults: a script's own, for --lr); benchmark_extras.py's join when the command line
-    has one the script lacks, or -h."""
+    has one the script lacks, or -h (a script copied without lib/ shows its own)."""
     add = parser.add_argument
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument("--batch-size-per-device", type=int, help="weak scaling: images per device (256 on GPU, 8 on "
@@ -225,30 +210,36 @@ def parse_arguments_with_extras(parser, argv, **defaults):
     add("--timeout", type=int, default=300, help="seconds a rank waits for the others (%(default)s)")
     add("--compile", action="store_true", help="torch.compile the model")
     argv = sys.argv[1:] if argv is None else argv
-    if {"-h", "--help"} & set(argv) or parser.parse_known_args(argv)[1]:
+    if {"-h", "--help"} & set(argv):  # the extras' options too, where lib/ is found
+        with contextlib.suppress(UsageError):
+            import_extras().add_arguments(parser)
+    elif parser.parse_known_args(argv)[1]:
         import_extras().add_arguments(parser)
     return parser.parse_args(argv)
 
 
 def import_extras():
+    """lib/benchmark_extras.py of the repository: <here>/lib beside a script at the top, <here>/../lib for the twin."""
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path += [folder for folder in (here, os.path.dirname(here)) if folder not in sys.path]
+    sys.path += [folder for folder in (os.path.join(here, "lib"), os.path.join(os.path.dirname(here), "lib"))
+                 if folder not in sys.path]
     with contextlib.suppress(ModuleNotFoundError):
         return importlib.import_module("benchmark_extras")
-    raise UsageError("this option needs benchmark_extras.py from the repository beside the script")
+    raise UsageError("this option needs lib/benchmark_extras.py of the repository")
 
 
 def launcher_integer(env, name, default=None, high=10**9):
     text = env.get(name, None if default is None else str(default))
     if text is None:
-        raise LaunchError(f"{name} is not set, but the other launcher variables are")
+        raise UsageError(f"{name} is not set, but the other launcher variables are")
     if not re.fullmatch(r"\s*\d{1,12}\s*", text) or int(text) > high:
-        raise LaunchError(f"{name}={text!r} is not an integer from 0 to {high}")
+        raise UsageError(f"{name}={text!r} is not an integer from 0 to {high}")
     return int(text)
 
 
 def detect_launch(env):
-    """Rank layout from torchrun's variables (RANK, WORLD_SIZE), else Slurm's (inside srun), else one process."""
+    """Rank layout from torchrun's variables (RANK, WORLD_SIZE), else srun's (a task of a step), else one process.
+    srun's tasks: slurm/common.sh makes it one task per GPU, as many on every node, and sets MASTER_ADDR."""
     job = env.get("SLURM_JOB_ID", "")  # federated clusters issue ids over 10^9
     launch = {"slurm_job_id": job if re.fullmatch(r"\d{1,12}", job) else None, "rank": 0, "launcher": "single",
               "world_size": 1, "local_rank": 0, "local_world_size": 1, "num_nodes": 1, "master_addr": "127.0.0.1",
@@ -257,35 +248,23 @@ def detect_launch(env):
         rank, world = launcher_integer(env, "RANK"), launcher_integer(env, "WORLD_SIZE")
         local_rank = launcher_integer(env, "LOCAL_RANK", rank)
         local_world = launcher_integer(env, "LOCAL_WORLD_SIZE", world)
-        if not (rank < world and local_rank < local_world <= world) or world % local_world:
-            raise LaunchError(f"inconsistent launcher variables: RANK={rank} WORLD_SIZE={world} "
-                              f"LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}")
-        launch.update(launcher="torchrun" if "TORCHELASTIC_RUN_ID" in env else "env", rank=rank, world_size=world,
-                      local_rank=local_rank, local_world_size=local_world, num_nodes=world // local_world,
-                      master_port=launcher_integer(env, "MASTER_PORT", 29500, 65535),
-                      master_addr=env.get("MASTER_ADDR") or "127.0.0.1")
+        launcher, port = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "env", 29500
     elif "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:  # inside srun (the batch step is one process)
-        launch.update(slurm_layout(env, int(launch["slurm_job_id"] or 0)))
-    return launch
-
-
-def slurm_layout(env, job_id):
-    rank, world = launcher_integer(env, "SLURM_PROCID"), launcher_integer(env, "SLURM_STEP_NUM_TASKS")
-    node, nodes = launcher_integer(env, "SLURM_NODEID"), launcher_integer(env, "SLURM_STEP_NUM_NODES")
-    local_rank = launcher_integer(env, "SLURM_LOCALID")
-    tasks = env.get("SLURM_STEP_TASKS_PER_NODE", str(world))  # '4(x2),3' is 4, 4, 3 (repeats capped at nodes)
-    per_node = [int(count) for count, repeat in re.findall(r"(\d+)(?:\(x(\d+)\))?", tasks)
-                for _ in range(min(int(repeat or 1), nodes + 1))] if re.fullmatch(r"[\dx(),]+", tasks) else []
-    if len(per_node) != nodes or sum(per_node) != world or not (rank < world and node < nodes and
-                                                                    local_rank < per_node[node]):
-        raise LaunchError(f"Slurm variables disagree: SLURM_PROCID={rank} SLURM_LOCALID={local_rank} "
-                          f"SLURM_NODEID={node} for {world} tasks on nodes {per_node}")
-    hosts = re.match(r"([^,\[]*)(?:\[([^\]]+)\])?", env.get("SLURM_STEP_NODELIST") or
-                     env.get("SLURM_JOB_NODELIST") or "127.0.0.1")  # 'gpu[007-009,012],cpu1': gpu007
-    first_host = hosts[1] + (re.split("[,-]", hosts[2])[0] if hosts[2] else "")
-    return {"launcher": "slurm", "rank": rank, "world_size": world, "local_rank": local_rank,
-            "local_world_size": per_node[node], "num_nodes": nodes, "master_addr": env.get("MASTER_ADDR") or first_host,
-            "master_port": launcher_integer(env, "MASTER_PORT", 15000 + job_id % 20000, high=65535)}
+        rank, world = launcher_integer(env, "SLURM_PROCID"), launcher_integer(env, "SLURM_STEP_NUM_TASKS")
+        local_rank = launcher_integer(env, "SLURM_LOCALID")
+        local_world = world // max(1, launcher_integer(env, "SLURM_STEP_NUM_NODES"))
+        launcher, port = "slurm", 15000 + int(launch["slurm_job_id"] or 0) % 20000
+    else:
+        return launch
+    if not (rank < world and local_rank < local_world <= world) or world % local_world:
+        raise UsageError(f"inconsistent launcher variables: rank {rank} of {world}, local rank {local_rank} of "
+                         f"{local_world} per node")
+    if world > local_world and not env.get("MASTER_ADDR"):
+        raise UsageError("MASTER_ADDR is not set for several nodes: export MASTER_ADDR=$(scontrol show hostnames "
+                         "\"$SLURM_JOB_NODELIST\" | head -n 1)")
+    return {**launch, "launcher": launcher, "rank": rank, "world_size": world, "local_rank": local_rank,
+            "local_world_size": local_world, "num_nodes": world // local_world, "master_addr": env.get(
+                "MASTER_ADDR") or "127.0.0.1", "master_port": launcher_integer(env, "MASTER_PORT", port, 65535)}
 
 
 def check_harness_rules(args, launch, per_device, precision, cuda_available, device_count, bf16_supported):
@@ -314,7 +293,7 @@ def check_harness_rules(args, launch, per_device, precision, cuda_available, dev
 
 
 def resolve_harness_config(args, launch, script, strategy, cuda_available, device_count, bf16_supported):
-    """Every option resolved, bad input refused (UsageError); --output is rank 0's to check (output_refusal())."""
+    """Every option resolved, bad input refused (UsageError); --output is checked by output_refusal()."""
     device, world = args.device, launch["world_size"]
     auto = "fp32" if device == "cpu" else "bf16" if bf16_supported else "fp16"
     precision = auto if args.precision == "auto" else args.precision
@@ -339,20 +318,21 @@ def resolve_harness_config(args, launch, script, strategy, cuda_available, devic
     return config
 
 
-def output_refusal(config, rank):
-    """Why rank 0 cannot write --output without replacing another run's file, or None (other ranks: None). Makes
-    the folder and proves it writable, and able to hard-link unless --overwrite (write_json_atomically() links)."""
-    output, folder, overwrite = config["output"], os.path.dirname(config["output"]), config["overwrite"]
-    if rank != 0:
-        return None
+def output_refusal(config):
+    """Why --output cannot be written without replacing another run's file, or None. Every rank checks it before
+    anything starts, and makes nothing: a probe in the nearest existing folder proves it writable, and able to
+    hard-link unless --overwrite (write_json_atomically() links)."""
+    output, overwrite = config["output"], config["overwrite"]
     if os.path.isdir(output):
         return f"--output {output!r} is not a file path"
     if os.path.lexists(output) and not overwrite:
         return f"--output {output} exists: pass --overwrite to replace it"
     if len(output.encode()) >= 4096 or max(len(name.encode()) for name in output.split(os.sep)) > 255:
         return f"--output {output[:40]}...: the path or a name in it is longer than the system allows"
+    folder = os.path.dirname(output)
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
     try:
-        os.makedirs(folder, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".probe-", dir=folder) as probe:
             open(os.path.join(probe, "file"), "w").close()
             if not overwrite:
@@ -360,7 +340,7 @@ def output_refusal(config, rank):
     except OSError as error:
         if error.filename2:  # the link
             return f"--output folder {folder} cannot hold hard links ({error.strerror}): use another, or --overwrite"
-        return f"--output folder {folder} cannot be written ({error.strerror})"
+        return f"--output folder {os.path.dirname(output)} cannot be written ({error.strerror})"
     return None
 
 
@@ -477,12 +457,10 @@ def replica_checks(per_rank):
             "parameter_max_abs_diff": largest, "final_parameter_checksum": reference.sum(0).tolist()}
 
 
-def run_status(per_rank, checks, expected_steps, timed_steps, signum):
-    """(status, failure message): interrupted, else error (steps missing, loss not finite), else desync, else ok."""
+def run_status(per_rank, checks, expected_steps):
+    """(status, failure message): error (steps missing, loss not finite), else desync, else ok."""
     first_bad = next((i + 1 for i, v in enumerate(per_rank["losses"][0]) if not math.isfinite(v)), "?")
     for broken, status, message in (
-            (signum, "interrupted", f"stopped by {signum and signal.Signals(signum).name} after {timed_steps} "
-                                    f"timed steps"),
             (per_rank["steps_run"] != [expected_steps] * len(per_rank["rank"]), "error",
              f"ranks ran {per_rank['steps_run']} steps, expected {expected_steps}"),
             (not checks["loss_finite"], "error", f"the loss is not finite from step {first_bad} on rank 0"),
@@ -547,19 +525,17 @@ def shut_down(step=None):
 
 
 class Run:
-    """One rank's run, in order: signals and device, joining the others, around each step, result, failure.
+    """One rank's run, in order: device, joining the others, around each step, result (or a one-rank "oom" one).
     on_result(result), when given, adds the script's own figures to rank 0's result before it is written."""
 
     def __init__(self, config, launch, device_count, on_result=None):
         self.config, self.launch, self.on_result = config, launch, on_result
-        self.rank, self.world_size = launch["rank"], launch["world_size"]
-        self.signum, self.pending, self.store, self.monitor, self.met = 0, None, None, None, False
-        self.losses, self.marks, self.started, self.record = [], [], None, {"rank": self.rank, "signal": 0}
+        self.rank, self.world_size, self.monitor = launch["rank"], launch["world_size"], None
+        self.losses, self.marks, self.started, self.record = [], [], None, {"rank": self.rank}
         self.device = self.claim_device(device_count)
         self.events = [torch.cuda.Event(enable_timing=True) for _ in range(config["steps"] + 1)] if \
             self.device.type == "cuda" else []
-        self.peer_wait_s = min(3.0, config["timeout_s"] / 10)  # a failing rank's wait for a peer's reason (fail())
-        self.timeout = datetime.timedelta(seconds=config["timeout_s"] - self.peer_wait_s)  # within --timeout
+        self.timeout = datetime.timedelta(seconds=config["timeout_s"])  # every wait of the process group
         software, git, self.hardware = collect_environment(self.device, self.rank)
         self.wall_start = time.perf_counter()
         world = {key: launch[key] for key in ("world_size", "num_nodes", "launcher", "slurm_job_id", "master_addr",
@@ -569,11 +545,6 @@ class Run:
                        software, "git": git, "world": {"devices_per_node": launch["local_world_size"], "backend":
                        config["backend"], **world}, **dict.fromkeys(RESULT_FIGURES),
                        "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-        self.meeting = threading.Timer(config["timeout_s"], self.fail, [TimeoutError(
-            f"the ranks did not meet within --timeout {config['timeout_s']} s (master {launch['master_addr']})")])
-        self.meeting.daemon = True
-        self.meeting.start()
-        self.catch_stop_signals()
 
     def claim_device(self, device_count):
         if self.config["device"] != "cuda":
@@ -586,26 +557,6 @@ class Run:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         return device
-
-    def catch_stop_signals(self):
-        """A stop signal ends every rank after the same step (agreed_stop_signal()); until the ranks have met, at
-        once: a rendezvous waits in C++, where no Python handler runs (watch() reads the wake-up instead)."""
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, self.handle)
-        read, write = os.pipe()
-        os.set_blocking(write, False)
-        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        threading.Thread(target=self.watch, args=(read,), daemon=True).start()
-
-    def watch(self, read):
-        while data := os.read(read, 1):
-            if not self.met:
-                self.fail(None, data[0])
-
-    def handle(self, signum, frame):
-        if self.signum and signum == signal.SIGINT:  # a second Ctrl-C interrupts at once
-            raise KeyboardInterrupt
-        self.signum = signum
 
     def ddp_options(self):
         """DistributedDataParallel's keywords (broadcast_buffers is forward_sync_buffers in newer torch)."""
@@ -623,39 +574,18 @@ class Run:
         layout = torch.channels_last if self.config["memory_format"] == "channels_last" else torch.contiguous_format
         return images.contiguous(memory_format=layout), labels
 
-    def join_ranks(self, refusal=None):
-        """The process group (unless a framework or an earlier Run made it), a gloo group for the host-side stop
-        agreement, then rank 0's refusal of --output (output_refusal()), which ends every rank with exit code 2."""
+    def join_ranks(self):
+        """The process group (unless a framework or an earlier Run made it), --timeout bounding its every wait, and
+        a gloo group for the host-side barrier and gathers."""
         if self.world_size > 1 and not dist.is_initialized():
-            self.init_process_group()
+            os.environ.setdefault("MASTER_ADDR", self.launch["master_addr"])
+            os.environ.setdefault("MASTER_PORT", str(self.launch["master_port"]))
+            dist.init_process_group(self.config["backend"], rank=self.rank, world_size=self.world_size,
+                                    timeout=self.timeout, device_id=self.device if self.device.type == "cuda" else None)
         if self.world_size > 1:
-            self.store = dist.distributed_c10d._get_default_store()
             self.monitor = dist.new_group(backend="gloo", timeout=self.timeout)
-            key = f"bench/refusal/{self.config['strategy']}"  # only rank 0 saw the path
-            if self.rank == 0:
-                self.store.set(key, refusal or "")
-            refusal = self.store.get(key).decode()
-        self.meeting.cancel()
-        self.met = True
-        if refusal:
-            raise UsageError(refusal)
-        if self.signum:  # a signal while the ranks met
-            self.fail(None, self.signum)
         if self.rank == 0:
             print_banner(self.config, self.launch)
-
-    def init_process_group(self):
-        launch = self.launch
-        try:
-            socket.getaddrinfo(launch["master_addr"], None)
-        except OSError:
-            raise LaunchError(f"the master host {launch['master_addr']!r} cannot be resolved") from None
-        store = None  # torchrun's workers join its agent's store (env://); srun and hand-set variables need their own,
-        if launch["launcher"] != "torchrun":  # whose connection outwaits the meeting's deadline (one line, not C++'s)
-            store = dist.TCPStore(launch["master_addr"], launch["master_port"], self.world_size, self.rank == 0,
-                                  self.timeout * 2, wait_for_workers=False)
-        dist.init_process_group(self.config["backend"], store=store, rank=self.rank, world_size=self.world_size,
-                                timeout=self.timeout, device_id=self.device if self.device.type == "cuda" else None)
 
     def before_step(self, index):
         """Peak memory from the second step (the first autotunes and compiles); a synchronised timed start."""
@@ -675,7 +605,7 @@ class Run:
         self.marks.append(time.perf_counter())
 
     def after_step(self, index, loss):
-        """True when the ranks agreed to stop; the loss stays on the device (reading it would sync)."""
+        """The step's end marked; the loss stays on the device (reading it would sync)."""
         self.losses.append(loss)
         warmup = self.config["warmup_steps"]
         timed = index >= warmup
@@ -684,28 +614,12 @@ class Run:
             self.mark()
         if self.rank == 0 and (not timed or shown == 0 or (shown + 1) % max(1, total // 5) == 0 or shown + 1 == total):
             print(f"  {'measuring' if timed else 'warm-up'} step {shown + 1}/{total} (queued)", flush=True)
-        return bool(self.agreed_stop_signal())
-
-    def agreed_stop_signal(self, last=False):
-        """The stop signal every rank has agreed on, 0 for none: a host-side all-reduce of the signal, read one step
-        later (no device sync; the hosts run at most one step apart). last: settle the one in flight, start none."""
-        previous, self.pending = self.pending, None
-        if self.world_size == 1:
-            self.record["signal"] = self.signum
-        elif not last:
-            flag = torch.tensor([self.signum], dtype=torch.int32)
-            self.pending = dist.all_reduce(flag, dist.ReduceOp.MAX, self.monitor, async_op=True), flag
-        if self.world_size > 1 and not self.record["signal"] and previous is not None:
-            previous[0].wait()
-            self.record["signal"] = int(previous[1].item())
-        return self.record["signal"]
 
     def collect_record(self, parameters):
         """This rank's timings, losses, peak memory and per-tensor parameter checksums, after its last step."""
         cuda, marks, events = self.device.type == "cuda", self.marks, self.events
         if cuda:
             torch.cuda.synchronize(self.device)
-        self.agreed_stop_signal(last=True)
         times = [a.elapsed_time(b) for a, b in zip(events, events[1:len(marks)])] if cuda else \
             [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
         peaks = [round(measure(self.device) / 2**20, 1) if cuda else None
@@ -724,25 +638,22 @@ class Run:
 
     def finish(self, record):
         """Every rank's record gathered; rank 0 completes, judges and writes the result. Returns the exit code."""
-        records, signum = [record] * self.world_size, record["signal"]
+        records = [record] * self.world_size
         if self.world_size > 1:
             dist.all_gather_object(records, record, group=self.monitor)
         if self.rank != 0:
-            return 128 + signum if signum else 0
+            return 0
         per_rank = {key: [r[key] for r in records] for key in records[0]}
         self.result.update(self.figures(per_rank))
         checks = replica_checks(per_rank)
-        timed = self.result["throughput"]["timed_steps"] if self.result["throughput"] else 0
-        expected = self.config["warmup_steps"] + self.config["steps"]
-        status, message = run_status(per_rank, checks, expected, timed, signum)
-        self.result.update(checks=checks, status=status, failure=message and {
-            "kind": status, "rank": None, "message": message, **({"signal": signal.Signals(signum).name} if signum
-                                                                 else {})})
+        status, message = run_status(per_rank, checks, self.config["warmup_steps"] + self.config["steps"])
+        self.result.update(checks=checks, status=status, failure=message and {"kind": status, "rank": None,
+                                                                              "message": message})
         if self.result["throughput"]:
             print_summary(self.result)
         if self.on_result:
             self.on_result(self.result)
-        return self.write_result(128 + signum if signum else EXIT_CODES[status])
+        return self.write_result(EXIT_CODES[status])
 
     def figures(self, per_rank):
         """Throughput, stability, step times, memory, efficiency and hardware from the gathered records."""
@@ -774,47 +685,42 @@ class Run:
         except Exception as error:  # noqa: BLE001 - said in one line; the run then ends with an error code
             path = problem = f"no result written ({type(error).__name__}: {error})"
         print(f"result: {self.result['status']} -> {path}", flush=True)
-        where = f" on rank {failure['rank']}" if failure and failure["rank"] is not None else ""
-        said = [text for text in (failure and f"{failure['kind']}{where}: {failure['message']}", problem) if text]
+        said = [text for text in (failure and f"{failure['kind']}: {failure['message']}", problem) if text]
         if said:
             print(f"{config['benchmark']}: " + "; ".join(said), file=sys.stderr, flush=True)
         return code or (EXIT_CODES["error"] if problem else 0)
 
-    def fail(self, error, signum=0):
-        """Write what is known and exit at once (error None: a signal before the ranks met)."""
-        signum = signum or (signal.SIGINT if isinstance(error, KeyboardInterrupt) else 0)
-        oom = isinstance(error, (torch.OutOfMemoryError, MemoryError)) or bool(
-            re.search("out of memory|can't allocate memory", str(error), re.I))
-        kind = "interrupted" if signum else "oom" if oom else "error"
+    def out_of_memory(self, error):
+        """A one-rank run out of memory writes its "oom" result, exit code 4: batch sweeps look for the largest
+        batch that fits. Any other error is raised again: the rank says it in one line (run_guarded())."""
+        if self.world_size > 1 or not out_of_memory(error):
+            raise error
         text = str(error).strip().splitlines()
-        failure = {"kind": kind, "rank": self.rank, "message": f"{type(error).__name__}: {text[0] if text else ''}"
-                   if error else f"stopped by {signal.Signals(signum).name} before the ranks met",
-                   **({"signal": signal.Signals(signum).name} if signum else {}),
-                   **({"batch_size_per_device": self.config["batch_size_per_device"]} if oom else {})}
-        with contextlib.suppress(Exception):
-            self.store.set(f"bench/failure/{self.rank}", json.dumps(failure))
-        if self.rank != 0:
-            print(f"[rank {self.rank}] {kind}: {failure['message']}", file=sys.stderr, flush=True)
-            os._exit(128 + signum if signum else EXIT_CODES[kind])
-        if kind == "error" and self.store is not None:  # a peer's recorded reason explains a broken collective better
-            time.sleep(self.peer_wait_s)
-            with contextlib.suppress(Exception):
-                failure = next((json.loads(self.store.get(key)) for key in (f"bench/failure/{r}" for r in range(
-                    1, self.world_size)) if self.store.check([key])), failure)
-        self.result.update(status=failure["kind"], failure=failure)
-        os._exit(self.write_result(128 + signal.Signals[failure["signal"]] if "signal" in failure else
-                                   EXIT_CODES[failure["kind"]]))
+        self.result.update(status="oom", failure={
+            "kind": "oom", "rank": 0, "message": f"{type(error).__name__}: {text[0] if text else ''}",
+            "batch_size_per_device": self.config["batch_size_per_device"]})
+        return self.write_result(EXIT_CODES["oom"])
+
+
+def out_of_memory(error):
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or bool(
+        re.search("out of memory|can't allocate memory", str(error), re.I))
 
 
 def run_guarded(main, script):
-    """Bad input: one line and exit 2 (from rank 0, or from every rank for launcher variables)."""
+    """main's exit code. Bad input: one line on every rank, exit 2. An error: one line naming it, exit 1 (4 out
+    of memory), and the launcher ends the other ranks (torchrun's summary shows @record's traceback)."""
+    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or os.environ.get("LOCAL_RANK") or "0"
     try:
         sys.exit(main())
     except UsageError as error:
-        rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
-        if rank == "0" or isinstance(error, LaunchError):
-            print(f"{'' if rank == '0' else f'[rank {rank}] '}{script}: error: {error}", file=sys.stderr, flush=True)
+        print(f"{script}: error: {error}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
+    except Exception as error:  # noqa: BLE001 - one line; the traceback is in torchrun's error file
+        kind, text = "oom" if out_of_memory(error) else "error", str(error).strip().splitlines()
+        print(f"{script}: {kind} on rank {rank}: {type(error).__name__}: {text[0] if text else ''}", file=sys.stderr,
+              flush=True)
+        sys.exit(EXIT_CODES[kind])
 
 
 # ============================================================================ end of harness

@@ -243,26 +243,11 @@ bench_result_files() {
   shopt -u nullglob
 }
 
-# The signals that stop a run cleanly: the benchmarks stop every rank after the same step and write a result.
-# Slurm's time limit and scancel send SIGTERM to every process of the job, this shell and srun included;
-# `sbatch --signal=B:USR1@120` and `scancel --batch` signal this shell only; a closed terminal sends SIGHUP.
-BENCH_SIGNALS=(TERM INT HUP USR1)
-
-# Passes a signal this shell got on to the job's tasks, then goes on waiting for them. Not through srun: srun turns
-# SIGTERM and SIGHUP into a kill of the tasks (which Slurm no longer carries out once the job itself is ending, at
-# the time limit or a scancel) and does nothing with a single SIGINT. A task that got the signal directly as well
-# gets it twice, which stops it after the same step all the same.
-bench_pass_on() {
-  echo "== $BENCH_NAME: SIG$1 received: passed on to the tasks, which stop after the same step"
-  scancel --quiet --signal="$1" "$SLURM_JOB_ID" 2>/dev/null || true
-}
-
 # srun one task per device on every node; returns the step's exit status (the job's).
 bench_launch() {
   local script=$1 hosts status=0
   shift
-  # The rendezvous host: the job's first node, as Slurm lists it (the benchmarks would derive the same;
-  # exporting it makes every rank agree even for node lists the scripts cannot parse).
+  # The rendezvous host: the job's first node, as Slurm lists it (the benchmarks need it for several nodes).
   hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
   export MASTER_ADDR=${MASTER_ADDR:-${hosts%%$'\n'*}}
   export PYTHONUNBUFFERED=1
@@ -278,30 +263,10 @@ bench_launch() {
   # files that are new or were rewritten while the job ran.
   local before after written=() line
   before=$(bench_result_files)
-  # A signal to this shell must not end it before the ranks have written their result (trap below); srun runs
-  # in the background because bash runs a trap only between commands, and `wait` returns early for one.
-  local signal srun_pid
-  for signal in "${BENCH_SIGNALS[@]}"; do
-    # shellcheck disable=SC2064  # the signal's name is fixed now, on purpose
-    trap "bench_pass_on $signal" "$signal"
-  done
-  # Run from a terminal inside salloc (not as a batch job), srun runs in its own session: the terminal's signals
-  # reach this shell, which passes them on, and not srun, which would kill the tasks on a closed terminal's SIGHUP.
-  local own_session=()
-  if [ "${ENVIRONMENT:-}" != BATCH ] && command -v setsid >/dev/null 2>&1; then
-    own_session=(setsid)
-  fi
-  # --kill-on-bad-exit=0 (whatever the site's default): when one rank dies, the others notice within a
-  # step and write a result that says which rank failed and how; killing them at once would lose it.
-  ${own_session[@]+"${own_session[@]}"} srun --kill-on-bad-exit=0 --nodes="$BENCH_NODES" \
-    --ntasks-per-node="$BENCH_TASKS_PER_NODE" "$BENCH_PYTHON" "$BENCH_ROOT/$script" "$@" &
-  srun_pid=$!
-  while :; do
-    status=0
-    wait "$srun_pid" || status=$?
-    kill -0 "$srun_pid" 2>/dev/null || break  # still running: a trapped signal interrupted the wait
-  done
-  trap - "${BENCH_SIGNALS[@]}"
+  # --kill-on-bad-exit=1 (whatever the site's default): when one task fails, Slurm ends the step's other tasks at
+  # once. A signal (scancel, the time limit) takes its default action in every task: no partial result.
+  srun --kill-on-bad-exit=1 --nodes="$BENCH_NODES" --ntasks-per-node="$BENCH_TASKS_PER_NODE" \
+    "$BENCH_PYTHON" "$BENCH_ROOT/$script" "$@" || status=$?
   after=$(bench_result_files)
   while IFS= read -r line; do
     if [ -n "$line" ] && ! grep -qxF -- "$line" <<<"$before"; then

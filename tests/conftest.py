@@ -86,13 +86,13 @@ def expect_usage_error(script, argv, rule, output, monkeypatch, capsys):
 
 
 def resolve_config(script, argv, env=None, cuda=True, count=8, bf16=True):
-    """A loaded script's config for a command line, as main() resolves it before any GPU work, and rank 0's
-    verdict on --output (a refusal raises UsageError, as the run would end)."""
+    """A loaded script's config for a command line, as main() resolves it before any GPU work, and the verdict
+    on --output (a refusal raises UsageError, as the run would end)."""
     args = script.parse_arguments(list(argv))
     launch = script.detect_launch(env or {})
     with mock.patch.dict(os.environ):  # --cuda-graphs sets an NCCL variable for the run: not for the tests
         config = script.resolve_harness_config(args, launch, script.SCRIPT, "ddp", cuda, count, bf16)
-    refusal = script.output_refusal(config, launch["rank"])
+    refusal = script.output_refusal(config)
     if refusal:
         raise script.UsageError(refusal)
     return config
@@ -145,9 +145,9 @@ def finish(procs, limit_s=90):
 
 
 def launch_by_hand(script, args, world_size=2, timeout=60, rank_args=None, env=None):
-    """Start the ranks as a launcher would, but with no agent in between, so that a test can signal or kill one
-    rank itself. rank_args: {rank: further arguments of that rank only}, for a real fault: another --lr
-    desynchronises the replicas, a huge --image-size runs out of memory."""
+    """Start the ranks as a launcher would, but with no agent in between, so that each rank's own output and exit
+    code are seen. rank_args: {rank: further arguments of that rank only}, e.g. another --lr desynchronises the
+    replicas."""
     port = free_port()
     extra = ["--devices", str(world_size)] if script == LIGHTNING else []
     return [subprocess.Popen([sys.executable, str(script), *args, *extra, "--timeout", str(timeout),

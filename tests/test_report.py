@@ -329,11 +329,7 @@ def test_option_defaults_are_benchmark_extras_argparse_defaults():
     """report.py fills older results with OPTION_DEFAULTS; they must be what benchmark_extras.py's options default
     to (benchmark_extras.py imports torch, which report.py does without)."""
     import argparse
-    sys.path.insert(0, str(ROOT))
-    try:
-        extras = load_script(ROOT / "benchmark_extras.py", "benchmark_extras_under_test")
-    finally:
-        sys.path.remove(str(ROOT))
+    extras = load_script(ROOT / "lib" / "benchmark_extras.py", "benchmark_extras_under_test")
     parser = argparse.ArgumentParser(prog="ddp_resnet50.py")
     extras.add_arguments(parser)
     defaults = vars(parser.parse_args([]))

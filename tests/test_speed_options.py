@@ -8,8 +8,7 @@ from conftest import LIGHTNING, NATIVE, SMALL, finish, launch_by_hand, read_resu
 
 @pytest.fixture(scope="module")
 def extras(native):
-    import benchmark_extras
-    return benchmark_extras
+    return native.import_extras()
 
 
 def test_without_its_options_no_script_imports_the_extras():

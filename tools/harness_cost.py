@@ -47,7 +47,7 @@ def parse_arguments(native, argv, scratch):
         config = native.resolve_harness_config(native.parse_arguments(["--device", "cpu", "--output", own.output,
                                                                         *overwrite]), native.detect_launch({}),
                                                "harness_cost.py", "ddp", False, 0, False)
-        refusal = native.output_refusal(config, 0)
+        refusal = native.output_refusal(config)
         if refusal:
             raise native.UsageError(refusal)
     if {"-h", "--help"} & set(rest):
@@ -62,7 +62,7 @@ def timed_block(run, step, steps, through_harness):
         torch.cuda.synchronize(run.device)
     if through_harness:  # the benchmark's own loop over a fresh timed window of `steps` steps
         run.config.update(warmup_steps=0, steps=steps)
-        run.losses, run.marks, run.record = [], [], {"rank": 0, "signal": 0}
+        run.losses, run.marks, run.record = [], [], {"rank": 0}
         run.events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] if cuda else []
         for index in range(steps):
             run.before_step(index)

@@ -87,29 +87,25 @@ def make_module_class(native_argv, block_steps, blocks):
             config.update(model="resnet50", optimizer="sgd",
                           optimizer_impl=native.sgd_implementation(cuda, config["grad_scaler"]),
                           steps=block_steps * (blocks + 1))
-            # native's Run without its constructor (the twin's Run owns the signals and the process groups)
+            # native's Run without its constructor (the twin's Run owns the process groups)
             self.native = native.Run.__new__(native.Run)
             self.native.__dict__.update(
                 config=config, launch=run.launch, rank=run.rank, world_size=run.world_size, device=self.device,
-                monitor=run.monitor, store=run.store, signum=0, pending=None, started=None, losses=[], marks=[],
-                record={"rank": run.rank, "signal": 0}, events=[torch.cuda.Event(enable_timing=True) for _ in range(
+                monitor=run.monitor, started=None, losses=[], marks=[],
+                record={"rank": run.rank}, events=[torch.cuda.Event(enable_timing=True) for _ in range(
                     config["steps"] + 1)] if self.device.type == "cuda" else [])
             self.native_step, _ = native.build_step(self.native)
             self.gpu_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
 
         def run_native(self, steps, record):
             """Native's step in native's timed loop (measure(): before_step, the step, after_step with its loss
-            kept, CUDA-event mark, progress line and stop agreement); a signal the twin's Run caught stops it."""
+            kept, CUDA-event mark and progress line)."""
             synchronize(self.device)
             started = time.perf_counter()
             for _ in range(steps):
-                self.native.signum = self.run.signum
                 self.native.before_step(self.native_index)
-                stop = self.native.after_step(self.native_index, self.native_step())
+                self.native.after_step(self.native_index, self.native_step())
                 self.native_index += 1
-                if stop:
-                    self.trainer.should_stop = True
-                    break
             synchronize(self.device)
             if record:
                 self.blocks.append({"kind": "native", "steps": steps, "seconds": time.perf_counter() - started})

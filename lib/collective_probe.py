@@ -28,6 +28,7 @@ Exit codes: 0 ok, 1 error, 2 bad input (one line on stderr, no file written).
 
 import argparse
 import datetime
+import json
 import os
 import pathlib
 import re
@@ -38,7 +39,19 @@ import time
 import torch
 import torch.distributed as dist
 
-from scaling_model import write_json_atomically  # beside this file, like benchmark_extras.py; no torch
+
+def write_json_atomically(path, record):
+    """A temporary file beside the target, then a rename: a reader never sees half a file."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "w") as stream:
+            json.dump(record, stream, indent=1)
+            stream.write("\n")
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
 
 PROG = "collective_probe.py"
 SCHEMA = "collective_probe/1"

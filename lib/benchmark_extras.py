@@ -1,7 +1,7 @@
 """Optional extras of the benchmark scripts, imported only when one of their options is given.
 
-ddp_resnet50.py, lightning/ddp_resnet50.py and oss_benchmark.py find this file at the repository's root (beside
-the script, or one folder up) and add its options to their command line when the command line has one of them
+ddp_resnet50.py, lightning/ddp_resnet50.py and oss_benchmark.py find this file in the repository's lib/ and add
+its options to their command line when the command line has one of them
 (or asks for --help). Without these options every script needs only torch, torchvision and its framework.
 
 - DDP's tuning options (bucket size, bucket views, buffer broadcast, static graph) and cuDNN's autotuning switch;
@@ -37,7 +37,7 @@ def add_arguments(parser):
     ddp.add_argument("--collective-probe", action="store_true",
                      help="after the timed steps, time all-reduce, broadcast, all-gather and reduce-scatter over a "
                           "sweep of sizes and record their fitted latency and bus bandwidth in the result "
-                          "(collective_probe.py beside the script; scaling_model.py reads them)")
+                          "(lib/collective_probe.py; scaling_model.py reads them)")
     ddp.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction,
                      help="cuDNN times its convolution algorithms in each process and keeps the fastest (default on "
                           "GPU); without it cuDNN's heuristics choose, the same in every process")
