@@ -5,6 +5,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -95,39 +96,26 @@ def test_a_rank_with_another_learning_rate_is_a_desync(tmp_path):
     assert "parameters differ" in err and "Traceback" not in err
 
 
-def test_ctrl_c_on_one_rank_stops_the_matched_variant_after_a_step(tmp_path):
-    """SIGINT to rank 0 only: the harness's agreement (Lightning's per-step broadcast is off) stops both ranks."""
-    output = tmp_path / "interrupted.json"
-    procs = launch_by_hand(LIGHTNING, [*SMALL, "--steps", "200", "--lightning-matched", "--output", str(output)])
-    while (line := procs[0].stdout.readline()) and "measuring step 1/200" not in line:
-        pass
-    procs[0].send_signal(signal.SIGINT)
-    outputs = finish(procs)
-    assert [code for code, _, _ in outputs] == [128 + signal.SIGINT] * 2, outputs
-    result = read_result(output)
-    assert (result["status"], result["failure"]["signal"], result["config"]["lightning_variant"]) == \
-        ("interrupted", "SIGINT", "matched")
-    assert 1 <= result["throughput"]["timed_steps"] < 200 and result["checks"]["parameters_synchronized"]
-
-
 def test_a_fixed_loss_scale_replaces_the_dynamic_scaler(twin):
     config = resolve_config(twin, ["--precision", "fp16", "--loss-scale", "1024"], bf16=False)
     assert (config["loss_scale"], config["grad_scaler"]) == (1024.0, False)
 
 
-def test_a_killed_worker_of_lightnings_launcher_leaves_rank_0_to_write_the_result(tmp_path):
-    """Lightning's launcher would kill rank 0, the workers' parent, when a worker dies: the twin takes that over."""
+def test_a_killed_worker_of_lightnings_launcher_ends_the_run_as_lightning_does(tmp_path):
+    """Stock Lightning: its launcher's observer ends every process when a worker dies; nothing is written."""
     output = tmp_path / "dead.json"
-    rank0 = subprocess.Popen([sys.executable, str(LIGHTNING), *SMALL, "--steps", "200", "--devices", "2", "--timeout",
-                              "30", "--output", str(output)], env=clean_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    while (line := rank0.stdout.readline()) and "measuring step 1/200" not in line:
+    rank0 = subprocess.Popen([sys.executable, str(LIGHTNING), *SMALL, "--steps", "400", "--devices", "2", "--output",
+                              str(output)], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=ROOT)
+    while (line := rank0.stdout.readline()) and "measuring step 1/400" not in line:
         pass
     worker = subprocess.run(["pgrep", "-P", str(rank0.pid)], capture_output=True, text=True).stdout.split()
     assert len(worker) == 1, worker
     os.kill(int(worker[0]), signal.SIGKILL)
+    started = time.monotonic()
     (code, _, err), = finish([rank0])
-    assert code == 1 and read_result(output)["status"] == "error", err[-2000:]
+    assert code != 0 and time.monotonic() - started < 30, err[-2000:]
+    assert not output.exists()
 
 
 @pytest.mark.filterwarnings("ignore:.*(srun|LeafSpec|barebones|many workers)")
@@ -189,12 +177,8 @@ SRUN = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_S
 TORCHRUN = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x"}
 
 
+# (srun's and torchrun's layout against --devices and --num-nodes: Lightning's own check, at the launch)
 @pytest.mark.parametrize("argv,env,rule", [
-    (["--devices", "2"], SRUN, "4 Slurm tasks per node but --devices 2"),
-    (["--devices", "4", "--num-nodes", "2"], SRUN, "1 nodes in the allocation but --num-nodes 2"),
-    (["--devices", "4"], {k: v for k, v in SRUN.items() if k != "SLURM_NTASKS_PER_NODE"},
-     "--ntasks without --ntasks-per-node"),
-    (["--devices", "2"], TORCHRUN, "4 torchrun processes per node but --devices 2"),
     (["--devices", "0"], {}, "--devices and --num-nodes must be positive"),
     (["--devices", "2"], {"LOCAL_RANK": "one", "NODE_RANK": "0"}, "must be integers"),
     (["--devices", "2"], {"LOCAL_RANK": "2", "NODE_RANK": "0"}, "do not fit --num-nodes 1 --devices 2"),
@@ -205,10 +189,8 @@ TORCHRUN = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE
     (["--devices", "2"], {"RANK": "1", "WORLD_SIZE": "2"}, "RANK and WORLD_SIZE without torchrun"),
     (["--devices", "2"], {"MASTER_PORT": "99999"}, "must be integers (MASTER_PORT up to 65535)"),
     (["--devices", "2"], {"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "job"}, "start the twin under srun"),
-    (["--devices", "2"], {"MASTER_ADDR": "nosuchhost"}, "the master host 'nosuchhost' cannot be resolved"),
-], ids=["srun-devices", "srun-nodes", "srun-ntasks", "torchrun-devices", "zero-devices", "local-rank-text",
-        "local-rank-range", "fp16-cpu", "global-batch", "cuda-graphs-cpu", "loss-scale-fp32", "rank-by-hand",
-        "master-port-range", "slurm-without-srun", "unknown-master"])
+], ids=["zero-devices", "local-rank-text", "local-rank-range", "fp16-cpu", "global-batch", "cuda-graphs-cpu",
+        "loss-scale-fp32", "rank-by-hand", "master-port-range", "slurm-without-srun"])
 def test_bad_input(twin, argv, env, rule, tmp_path, monkeypatch, capsys):
     for name in [*SRUN, *TORCHRUN, "NODE_RANK", "MASTER_PORT", "MASTER_ADDR", "SLURM_JOB_NAME"]:
         monkeypatch.setenv(name, "")  # set, then removed: whatever the run sets is undone after the test
@@ -289,17 +271,14 @@ def test_stock_lightning_keeps_its_sigterm_broadcast_and_says_so(twin, monkeypat
     assert twin.lightning_variant(False, False, True, False)["lightning_sigterm_sync"] is False  # one process
     turned_off = []
     monkeypatch.setattr(twin, "turn_off_the_sigterm_broadcast", turned_off.append)
-    saved = {signum: signal.getsignal(signum) for signum in twin.STOP_SIGNALS}
-    try:
-        for sync in (True, False):
-            run = types.SimpleNamespace(handle=signal.default_int_handler, synthetic_batch=lambda: (None, None))
-            module = types.SimpleNamespace(
-                config={"lightning_sigterm_sync": sync, "comm_hook": "none", "cuda_graphs": False,
-                        "broadcast_buffers": True}, run=run, trainer=types.SimpleNamespace(
-                    strategy=types.SimpleNamespace(model=None)), device=twin.torch.device("cpu"),
-                automatic_optimization=True)
-            twin.ResNet50Benchmark.on_train_start(module)
-            assert len(turned_off) == (0 if sync else 1), sync
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
+    handler = signal.getsignal(signal.SIGTERM)
+    for sync in (True, False):
+        run = types.SimpleNamespace(synthetic_batch=lambda: (None, None))
+        module = types.SimpleNamespace(
+            config={"lightning_sigterm_sync": sync, "comm_hook": "none", "cuda_graphs": False,
+                    "broadcast_buffers": True}, run=run, trainer=types.SimpleNamespace(
+                strategy=types.SimpleNamespace(model=None)), device=twin.torch.device("cpu"),
+            automatic_optimization=True)
+        twin.ResNet50Benchmark.on_train_start(module)
+        assert len(turned_off) == (0 if sync else 1), sync
+    assert signal.getsignal(signal.SIGTERM) is handler  # Lightning's handler stays: the twin installs none

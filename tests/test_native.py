@@ -120,12 +120,10 @@ def test_replicas_that_drift_apart_are_a_desync(tmp_path):
     assert "parameters differ" in err
 
 
-def test_existing_output_is_refused_then_overwritten(tmp_path):
+def test_existing_output_is_overwritten_with_overwrite(tmp_path):
+    """(Refused without --overwrite: tests/test_faults.py.)"""
     output = tmp_path / "exists.json"
     output.write_text("{}")
-    proc = run_script(NATIVE, [*SMALL, "--steps", "1", "--output", str(output)])
-    assert proc.returncode == 2 and output.read_text() == "{}"
-    assert "--overwrite" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_script(NATIVE, [*SMALL, "--steps", "1", "--output", str(output), "--overwrite"])
     assert proc.returncode == 0, proc.stderr
     assert json.loads(output.read_text())["status"] == "ok"

@@ -1,13 +1,11 @@
 """oss_benchmark.py on the CPU: every strategy gloo can run in one launch of 2 processes at 32 px; the same on one
 process (unsharded) under the fairscale preset with its epoch statistic; report.py's sharding table of the files;
-a signal during the analysis passes; real faults (an out-of-memory rank, a rank with another learning rate); bad
-input (one line, exit 2, nothing written)."""
+real faults (a one-rank run out of memory, a rank with another learning rate); bad input (one line, exit 2,
+nothing written)."""
 import json
 import re
 import shutil
-import signal
 import sys
-import time
 
 import pytest
 import torch
@@ -199,48 +197,17 @@ def test_fairscales_epoch_statistic_in_the_result_and_the_table(one_rank_run, sc
     assert re.search(r" ± 0(\.0+)? \(1 × 2\)", sharding_table([paths["oss_ddp"]]))
 
 
-def wait_for_line(proc, text, limit_s=240):
-    deadline, seen = time.monotonic() + limit_s, []
-    while time.monotonic() < deadline and (line := proc.stdout.readline()):
-        seen.append(line)
-        if text in line:
-            return
-    raise AssertionError(f"never printed {text!r}: {''.join(seen)}")
-
-
-def test_sigterm_during_the_analysis_passes_ends_the_strategy_and_the_launch(tmp_path):
-    """Slurm signals every task: all ranks stop after the same pass step, the strategy's result says interrupted
-    (its timed steps complete, no analysis), and no later strategy starts."""
-    output = tmp_path / "stopped.json"
-    procs = launch_by_hand(OSS, [*SMALL, "--model", "resnet18", "--strategy", "ddp,zero1", "--phase-steps", "500",
-                                 "--output", str(output)])
-    wait_for_line(procs[0], "instrumented pass")
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    started = time.monotonic()
-    outputs = finish(procs)
-    assert time.monotonic() - started < 60
-    assert [code for code, _, _ in outputs] == [128 + signal.SIGTERM] * 2, outputs
-    result = read_result(tmp_path / "stopped-ddp.json")
-    assert result["status"] == "interrupted" and result["failure"]["signal"] == "SIGTERM"
-    assert result["throughput"]["timed_steps"] == 4 and result["analysis"] is None
-    assert not (tmp_path / "stopped-zero1.json").exists()
-    assert "Traceback" not in outputs[0][2] + outputs[1][2]
-
-
-def test_a_rank_out_of_memory_writes_its_result_and_ends_the_launch(tmp_path):
-    """Rank 1's batch at 100,000 px cannot be allocated: a real out-of-memory. The process group is then unusable:
-    the strategy's result says oom on rank 1, the later strategies do not run, rank 0 says it in one line."""
+def test_a_one_rank_run_out_of_memory_writes_its_result_and_ends_the_launch(tmp_path):
+    """A batch at 100,000 px cannot be allocated: a real out-of-memory. The strategy's result says oom (batch sweeps
+    read it), the later strategies do not run, the run says it in one line."""
     output = tmp_path / "oom.json"
-    procs = launch_by_hand(OSS, [*QUICK, "--strategy", "zero1,ddp", "--output", str(output)], timeout=60,
-                           rank_args={1: ["--image-size", "100000"]})
-    (code0, _, err0), (code1, _, _) = finish(procs)
-    assert (code0, code1) == (4, 4), err0
+    proc = run_script(OSS, [*QUICK, "--strategy", "zero1,ddp", "--image-size", "100000", "--output", str(output)])
+    assert proc.returncode == 4, proc.stderr[-2000:]
     result = read_result(tmp_path / "oom-zero1.json")
-    assert result["status"] == "oom" and result["failure"]["rank"] == 1
+    assert result["status"] == "oom" and result["failure"]["rank"] == 0
     assert not (tmp_path / "oom-ddp.json").exists()
-    lines = [line for line in err0.splitlines() if line.strip()]
-    assert len(lines) == 1 and "oom on rank 1" in lines[0], err0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "oom: " in lines[0], proc.stderr
 
 
 def test_parameters_out_of_sync_are_reported_and_the_launch_goes_on(tmp_path):
@@ -250,7 +217,7 @@ def test_parameters_out_of_sync_are_reported_and_the_launch_goes_on(tmp_path):
     procs = launch_by_hand(OSS, [*QUICK, "--strategy", "ddp,zero1", "--output", str(output)], timeout=60,
                            rank_args={1: ["--lr", "0.05"]})
     (code0, _, err0), (code1, _, _) = finish(procs)
-    assert (code0, code1) == (3, 0), err0  # rank 0 decides the status; the others only report signals
+    assert (code0, code1) == (3, 0), err0  # rank 0 decides the status
     assert read_result(tmp_path / "desync-ddp.json")["status"] == "desync"
     assert err0.count("parameters differ across ranks") == 1
     assert read_result(tmp_path / "desync-zero1.json")["checks"]["parameters_synchronized"] is True
@@ -331,7 +298,7 @@ def test_explicit_options_and_the_preset(script):
     assert args.lr == 1e-3  # each optimizer's own rate without --lr
 
 
-def test_collectives_are_read_from_a_trace_without_the_stop_agreement(script):
+def test_collectives_are_read_from_a_trace(script):
     events = [
         {"name": "c10d::allreduce_", "args": {"Input type": ["TensorList", ""], "Input Dims": [[[10], [5]], []]}},
         {"name": "nccl:all_reduce", "args": {"Input type": ["c10::BFloat16"], "Input Dims": [[15]]}},
@@ -339,8 +306,6 @@ def test_collectives_are_read_from_a_trace_without_the_stop_agreement(script):
         {"name": "record_param_comms", "args": {"In msg nelems": 3, "Out msg nelems": 3, "dtype": "Long"}},
         {"name": "c10d::broadcast_", "args": {"Input type": ["TensorList"], "Input Dims": [[[3]]]}},
         {"name": "c10d::reduce_", "args": {"Input type": ["TensorList"], "Input Dims": [[[7]]]}},
-        {"name": script.AGREEMENT, "tid": 1, "ts": 100, "dur": 10},
-        {"name": "c10d::allreduce_", "tid": 1, "ts": 105, "args": {"Input type": ["int"], "Input Dims": [[1]]}},
     ]
     per_step, unknown = script.collectives_from_trace(events, steps=1)
     assert per_step == {"all-reduce": {"count": 1, "bytes": 30}, "all-gather": {"count": 1, "bytes": 16},

@@ -13,7 +13,6 @@ the same cluster by hand: `python tests/slurm_cluster.py /tmp/slurm` (see its do
 import os
 import pathlib
 import re
-import signal
 import stat
 import subprocess
 
@@ -22,7 +21,7 @@ import pytest
 from conftest import ROOT, clean_env, read_result
 from slurm_cluster import SlurmCluster
 from slurm_jobs import (CPU_JOB, Job, assert_slurm_result, committed_results_state, job_env, sbatch, stand_in,
-                        start_cluster, submit, wait_for, wait_for_line)
+                        start_cluster, submit, wait_for)
 
 
 @pytest.fixture(scope="session")
@@ -138,63 +137,6 @@ def test_default_submission_fits_a_small_node(cluster, tmp_path, script, options
     tasks, gpus = (2, 2) if options else (1, 1)
     assert f"Slurm job {job.id} on 1 node(s) x {tasks} task(s) (cuda, {gpus} GPU(s) on the first node)" in job.log, \
         job.describe()
-
-
-# Each task says it is ready, then waits; a signal makes it say which one it got, rank 0 write a result and both
-# stop, as the benchmarks do.
-SIGNALLED = ('while [ $# -gt 0 ]; do [ "$1" = --output ] && output=$2; shift; done\n'
-             'stop() {\n  echo "task $SLURM_PROCID got SIG$1"\n'
-             '  [ "$SLURM_PROCID" != 0 ] || { mkdir -p "$(dirname "$output")" && echo "{}" >"$output"; }\n  exit 0\n}\n'
-             'for signal in TERM INT HUP USR1; do trap "stop $signal" "$signal"; done\n'
-             'echo "task $SLURM_PROCID ready"\n'
-             'while :; do sleep 0.1; done')
-
-
-@pytest.mark.parametrize("scancel,signal_name", [
-    ([], "TERM"),  # what the time limit does too: SIGTERM to every process of the job, the batch shell included
-    (["--batch", "--signal=USR1"], "USR1"),  # as `sbatch --signal=B:USR1@120` does before the time limit
-    (["--batch", "--signal=HUP"], "HUP"),  # the batch shell alone, as a closed terminal would
-])
-def test_a_signal_for_the_job_reaches_every_task_and_the_closing_line_names_the_result(cluster, tmp_path, scancel,
-                                                                                      signal_name):
-    waiting = stand_in(tmp_path, "wait-for-a-signal", SIGNALLED)
-    job_id, log, output = sbatch(cluster, tmp_path, "slurm/ddp_resnet50.sbatch", CPU_JOB, BENCH_DEVICE="cpu",
-                                 BENCH_PYTHON=waiting, BENCH_RUN_NAME="signalled")
-    assert job_id, output
-    wait_for_line(cluster, job_id, log, r"^task 1 ready(?s:.*)^task 0 ready|^task 0 ready(?s:.*)^task 1 ready", 60)
-    subprocess.run(["scancel", *scancel, job_id], check=True, capture_output=True, env=cluster.env(), timeout=30)
-    job = Job(job_id, wait_for(cluster, job_id, 60), log, output)
-    tasks = sorted(line for line in job.log.splitlines() if line.startswith("task ") and " got " in line)
-    assert tasks == [f"task {rank} got SIG{signal_name}" for rank in (0, 1)], job.describe()
-    path = tmp_path / "signalled" / f"ddp_resnet50-1n2cpu-job{job_id}.json"
-    assert job.closing_files() == [str(path)], job.describe()
-
-
-def test_a_closed_terminal_still_leaves_the_result_and_the_closing_line(cluster, tmp_path):
-    # The script run inside salloc from a terminal that then closes: SIGHUP to the terminal's foreground process
-    # group, which salloc gives to the script it runs. srun must not get it: it would kill the tasks at once.
-    settings = {"BENCH_DEVICE": "cpu", "BENCH_PYTHON": stand_in(tmp_path, "wait-for-a-signal", SIGNALLED),
-                "BENCH_RUN_NAME": "hung-up"}
-    proc = subprocess.Popen(["salloc", "--ntasks-per-node=2", "--gpus-per-node=0", "bash", "slurm/ddp_resnet50.sbatch"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env=job_env(cluster, tmp_path, **settings), start_new_session=True)
-    try:
-        lines = []
-        while sum(line.endswith(" ready\n") for line in lines) < 2 and (not lines or lines[-1]):
-            lines.append(proc.stdout.readline())
-        script = int(pathlib.Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
-        os.killpg(os.getpgid(script), signal.SIGHUP)
-        output = "".join(lines) + proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    job_id = re.search(r"Granted job allocation (\d+)", output).group(1)
-    stopped = sorted(line for line in output.splitlines() if re.match(r"task \d got SIG", line))
-    assert stopped == ["task 0 got SIGHUP", "task 1 got SIGHUP"], output  # rank 0 wrote the result
-    path = tmp_path / "hung-up" / f"ddp_resnet50-1n2cpu-job{job_id}.json"
-    closing = [line for line in output.splitlines() if line.startswith("== srun exit status")]
-    assert closing == [f"== srun exit status 0; result file(s): {path}"], output
 
 
 # ---------------------------------------------------------------------------------------- bad input

@@ -54,7 +54,7 @@ def test_ddp_is_built_with_the_options(native, tmp_path, monkeypatch):
                                      "--bucket-cap-mb", "10", "--no-gradient-as-bucket-view", "--no-broadcast-buffers",
                                      "--static-graph", "--output", str(tmp_path / "r.json")], cuda=False, count=0)
     config.update(model="resnet50", optimizer="sgd", optimizer_impl="foreach")
-    run = object.__new__(native.Run)  # no constructor: no signal handlers, no process group
+    run = object.__new__(native.Run)  # no constructor: no device set up, no process group
     run.config, run.device, run.rank, run.world_size = config, native.torch.device("cpu"), 0, 2
     built = {}
     monkeypatch.setattr(native, "DistributedDataParallel", lambda model, **options: built.update(options) or model)
