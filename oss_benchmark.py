@@ -711,7 +711,7 @@ PEAK_TFLOPS = {"H200": (989.0, 494.0), "H100": (989.0, 494.0), "A100": (312.0, 1
 # Environment variables that change what a run measures: recorded with the software.
 TUNING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCHINDUCTOR_", "TORCH_CUDNN_", "TORCH_SYMM_MEM_", "PYTORCH_", "CUDA_",
                    "CUBLAS_", "CUDNN_", "NVSHMEM_", "OMP_", "MKL_")
-# What benchmark_extras.py's options record when none is given (tests/test_harness_units.py ties the two).
+# What benchmark_extras.py's options record when none is given: their defaults, passed to its add_arguments.
 EXTRA_DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
                   "static_graph": False, "coordinate_descent_tuning": False, "comm_hook": "none", "cuda_graphs": False,
                   "stem_conv": "torchvision", "max_pool_backward": "torchvision", "batch_norm": "torchvision",
@@ -763,9 +763,9 @@ def parse_arguments_with_extras(parser, argv, **defaults):
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv):  # the extras' options too, where lib/ is found
         with contextlib.suppress(UsageError):
-            import_extras().add_arguments(parser)
+            import_extras().add_arguments(parser, EXTRA_DEFAULTS)
     elif parser.parse_known_args(argv)[1]:
-        import_extras().add_arguments(parser)
+        import_extras().add_arguments(parser, EXTRA_DEFAULTS)
     return parser.parse_args(argv)
 
 

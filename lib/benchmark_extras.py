@@ -25,13 +25,17 @@ COMPUTATION_OPTIONS = {"space_to_depth_stem": ("stem_conv", "space_to_depth"),
                        "sums_batch_norm": ("batch_norm", "sums")}
 
 
-def add_arguments(parser):
-    """This module's options on a script's parser (the speed options only for the scripts that own the step)."""
+def add_arguments(parser, defaults):
+    """This module's options on a script's parser (the speed options only for the scripts that own the step), with
+    the defaults the script records when an option is not given (its EXTRA_DEFAULTS: the one place they live)."""
     ddp = parser.add_argument_group("DDP and cuDNN (benchmark_extras.py)")
-    ddp.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size in MB (%(default)s)")
-    ddp.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
+    ddp.add_argument("--bucket-cap-mb", type=float, default=defaults["bucket_cap_mb"],
+                     help="DDP gradient bucket size in MB (%(default)s)")
+    ddp.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction,
+                     default=defaults["gradient_as_bucket_view"],
                      help="gradients alias DDP's buckets: no copy back after the all-reduce")
-    ddp.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
+    ddp.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction,
+                     default=defaults["broadcast_buffers"],
                      help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward")
     ddp.add_argument("--static-graph", action="store_true", help="tell DDP that the graph never changes")
     ddp.add_argument("--collective-probe", action="store_true",
@@ -48,7 +52,8 @@ def add_arguments(parser):
                                                   "max-autotune-no-cudagraphs"], help="torch.compile's mode (implies --compile)")
     speed.add_argument("--coordinate-descent-tuning", action="store_true",
                        help="Inductor tunes the launch settings of each kernel it generates (longer compilation)")
-    speed.add_argument("--comm-hook", choices=["none", "bf16_compress", "fp16_compress"], default="none",
+    speed.add_argument("--comm-hook", choices=["none", "bf16_compress", "fp16_compress"],
+                       default=defaults["comm_hook"],
                        help="PyTorch's DDP compression hooks: each bucket all-reduced in bf16 or fp16 (half the bytes) "
                             "(%(default)s)")
     speed.add_argument("--cuda-graphs", action="store_true",

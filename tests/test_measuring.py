@@ -483,10 +483,11 @@ def test_the_probe_writes_its_file_whole_or_not_at_all(probe, tmp_path, existing
     if existing:
         target.write_text('{"old": true}\n')
     with pytest.raises(TypeError):
-        probe.write_json_atomically(str(target), {"sizes_bytes": list(range(50)), "broken": object()})
+        probe.write_json_atomically(str(target), {"sizes_bytes": list(range(50)), "broken": object()},
+                                    overwrite=existing)
     assert [p.name for p in tmp_path.iterdir()] == (["probe.json"] if existing else [])
     assert not existing or target.read_text() == '{"old": true}\n'
-    probe.write_json_atomically(str(target), {"sizes_bytes": [1024]})
+    probe.write_json_atomically(str(target), {"sizes_bytes": [1024]}, overwrite=existing)
     assert json.loads(target.read_text()) == {"sizes_bytes": [1024]}
     assert [p.name for p in tmp_path.iterdir()] == ["probe.json"]
 
