@@ -71,6 +71,7 @@ NOT_MEASURED = [
     (r"every 100 ms|500 ms bins|per 100 MHz", "a sampling setting, a unit"),
     (r"within ±1 %", "compare.py's --until-interval setting"),
     (r"\d+–\d+ GPUs", "a span of GPU counts, a setting"),
+    (r"torchrun's: 30 s|30 s by default", "a launcher's default grace period, a setting"),
 ]
 
 # ---------------------------------------------------------------------------- the prose
