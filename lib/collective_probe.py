@@ -14,9 +14,9 @@ NVIDIA/nccl-tests): size is the whole buffer (all-gather: its output, reduce-sca
 "bandwidth" is bytes copied per second, its latency the cost of one more small kernel or copy): the per-call cost
 of the extra copies that data parallelism adds to a step.
 
-    torchrun --standalone --nproc-per-node 2 collective_probe.py --output probe.json
-    python collective_probe.py --device cpu --output probe.json          # one process (no bus bandwidth)
-    srun --ntasks-per-node 4 --gpus-per-node 4 python collective_probe.py --output probe.json
+    torchrun --standalone --nproc-per-node 2 lib/collective_probe.py --output probe.json
+    python lib/collective_probe.py --device cpu --output probe.json          # one process (no bus bandwidth)
+    srun --ntasks-per-node 4 --gpus-per-node 4 python lib/collective_probe.py --output probe.json
 
 Inside a run that already has a process group, on every rank (it is collective), e.g. after the timed steps:
 
