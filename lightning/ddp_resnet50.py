@@ -300,8 +300,9 @@ def plan_launch(args, env):
 
 
 # ---------------------------------------------------------------------------- Lightning's private names
-# What --lightning-matched and --cuda-graphs need of Lightning (and of DDP) beyond its public API, all here. Checked with Lightning 2.6.6 and torch 2.11-2.14; tests/test_lightning.py fails with a clear
-# message when an upgrade removes one of PRIVATE_NAMES.
+# What --lightning-matched and --cuda-graphs need of Lightning (and of DDP) beyond its public API, all here. Checked
+# with Lightning 2.6.6 and torch 2.11-2.14; tests/test_lightning.py fails with a clear message when an upgrade removes
+# one of PRIVATE_NAMES.
 PRIVATE_NAMES = (  # module, class, attribute (an instance attribute is named in its __init__)
     ("lightning.pytorch.strategies.ddp", "DDPStrategy", "_setup_model"),
     ("lightning.pytorch.strategies.ddp", "DDPStrategy", "_ddp_kwargs"),
