@@ -21,7 +21,7 @@ import pytest
 from conftest import ROOT, clean_env, read_result
 from slurm_cluster import SlurmCluster
 from slurm_jobs import (CPU_JOB, Job, assert_slurm_result, committed_results_state, job_env, sbatch, stand_in,
-                        start_cluster, submit, wait_for)
+                        start_cluster, submit, wait_for, wait_for_line)
 
 
 @pytest.fixture(scope="session")
