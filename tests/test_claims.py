@@ -32,7 +32,7 @@ def problems_of(text, facts, document="docs/performance.md"):
 
 # Each: a sentence that breaks one rule, the words of the problem it must raise, and the sentence put right.
 PLANTED = {
-    "a figure without a source": (  # the kinds an audit of the prose found, each planted back
+    "a figure without a source": (  # the kinds of figure that did not hold, each planted back
         "The fastest mode runs 1.716 times the default.\n",
         "no source",
         f"The fastest mode runs 1.716 times the default (noisy<!-- from: nvidia-h200-2026-12-02a/{BF16}\n"
