@@ -76,8 +76,8 @@ def test_bad_input_on_two_ranks_is_one_line_from_each_and_leaves_the_previous_ou
     previous = tmp_path / "taken.json"
     previous.write_bytes(PREVIOUS)
     started = time.monotonic()
-    # a rank that waited for the other would wait --timeout (300 s); 60 s leaves room for two torch imports on a
-    # loaded two-core machine
+    # a rank that waited for the other would wait its whole --timeout (60 s here, which leaves room for two torch
+    # imports on a loaded two-core machine)
     outputs = finish(launch_by_hand(NATIVE, [*SMALL, "--output", str(previous)], timeout=60))
     assert time.monotonic() - started < 60, "no rank may wait for the other"
     for code, _, err in outputs:
