@@ -521,8 +521,6 @@ def options_text(options):
 def comparison_label(a, b):
     """What B changes against A: another script (with the options both share), or B's further options."""
     (script_a, options_a), (script_b, options_b) = script_and_options(a), script_and_options(b)
-    if a == b:
-        return f"A/A: the same command twice ({options_text(options_a)})"
     if script_a != script_b:
         names = {"lightning/ddp_resnet50.py": "the twin (stock)", "ddp_resnet50.py": "native"}
         shared = " ".join(options_a) if options_a == options_b else f"{' '.join(options_a)} / {' '.join(options_b)}"
@@ -568,6 +566,8 @@ def comparisons_table(comparisons, base):
     rows = []
     for path, document in sorted(comparisons, key=lambda item: str(item[0])):
         commands = document.get("commands") or {}
+        if commands.get("a") == commands.get("b"):
+            continue  # an A/A comparison measures noise: noise_table()
         rows.append([comparison_label(commands.get("a"), commands.get("b")), comparison_result(document),
                      machine_text(document), link(path, base)])
     return table(["B / A", "B / A throughput", "GPU", "file"], rows) if rows else "No comparisons (compare.py)."
@@ -1018,7 +1018,7 @@ def performance_answers(e):
              ("1 GPU, the fastest mode", e.pick(**TWIN, **FASTEST), fastest)]
     rows = [
         ["default speed, one H200, 256 images", f"{rates_text(default)}, MFU {mfu_text(default)} (eager, bf16, "
-         "channels_last)", "[What a result's numbers are worth](#what-a-results-numbers-are-worth)"],
+         "channels_last)", "[What a result's numbers are worth](noise.md#what-a-results-numbers-are-worth)"],
         ["fastest measured, one H200", f"{median_text(fastest)}, MFU {mfu_text(fastest)}; against the default on "
          f"the same GPU: {ratio_of(fastest, default)}", "[The fastest mode](#the-fastest-mode)"],
         ["two GPUs, eager", f"{scaling_of(two_nobb, default)} scaling with `--no-broadcast-buffers`, "

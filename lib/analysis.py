@@ -314,7 +314,7 @@ def check_writable(path, flag="--output"):
 #     <!-- generated:NAME -->
 #     ...what the section NAME writes...
 #     <!-- /generated:NAME -->
-DOCUMENTS = ("README.md", "docs/performance.md", "docs/results.md", "docs/scaling.md", "docs/sharding.md",
+DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/results.md", "docs/scaling.md", "docs/sharding.md",
              "lightning/README.md")
 GENERATED = re.compile(r"(?P<open><!-- generated:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)"
                        r"(?P<close><!-- /generated:(?P=name) -->)", re.DOTALL)

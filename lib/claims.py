@@ -50,7 +50,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import analysis  # noqa: E402
 
 REPOSITORY = analysis.REPOSITORY
-DOCUMENTS = ("README.md", "docs/performance.md", "docs/sharding.md", "lightning/README.md", "slurm/README.md")
+DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/sharding.md", "lightning/README.md", "slurm/README.md")
 
 
 def documents(root=REPOSITORY):

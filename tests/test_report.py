@@ -678,15 +678,16 @@ def test_noisy_rounds_and_gpu_models_show_and_an_a_a_comparison_gives_the_noise(
     machine = {"gpu_names": ["NVIDIA H200"], "gpu_uuids": ["774ddefe-a8cb"], "hostnames": ["vm"], "cpu": "x"}
     document = {**comparison(a=command, b=command, ratio=1.0), "pairs": [{"ratio": ratio} for ratio in ratios],
                 "rounds": [{}] * 8, "noisy_rounds": 5, "machine": {"a": machine, "b": machine}}
-    row = report.comparisons_table([(tmp_path / "aa.json", document)], tmp_path).splitlines()[2]
-    assert row.startswith("| A/A: the same command twice (`--batch-size-per-device 32`) | 1.000 (95 % interval "
+    other = {**document, "commands": {"a": command, "b": command + " --compile"}}
+    row = report.comparisons_table([(tmp_path / "ab.json", other)], tmp_path).splitlines()[2]
+    assert row.startswith("| `--compile` / `--batch-size-per-device 32` | 1.000 (95 % interval "
                           "0.990–1.010; 4 pairs; 5 of 8 rounds noisy) | NVIDIA H200 774ddefe |")
+    assert report.comparisons_table([(tmp_path / "aa.json", document)], tmp_path).startswith("No comparisons")
     row = report.noise_table([(tmp_path / "aa.json", document)], tmp_path).splitlines()[2].split(" | ")
     logs = [math.log(ratio) for ratio in ratios]
     half = 3.182 * statistics.stdev(logs) / math.sqrt(4)  # t(0.975, 3 degrees of freedom)
     assert row[2:5] == ["0.900–1.100 (4 pairs, 5 of 8 rounds noisy)", f"{100 * statistics.stdev(logs):.2f} %",
                         f"±{100 * (math.exp(half) - 1):.1f} %"]
-    other = {**document, "commands": {"a": command, "b": command + " --compile"}}
     assert report.noise_table([(tmp_path / "ab.json", other)], tmp_path).startswith("No A/A comparisons")
 
 
