@@ -25,10 +25,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "lib"))
-from analysis import (EXIT_FAILED, SOFTWARE, OneLineArgumentParser, UsageError, build_of,  # noqa: E402
-                      check_writable, describe_machine, machine_of, read_result_file, result_validator, run_cli,
-                      write_json_atomically)
+from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, SOFTWARE, OneLineArgumentParser, UsageError, build_of,
+    check_writable, describe_machine, machine_of, read_result_file, result_validator, run_cli, write_json_atomically)
 
 EXIT_CODES = {"ok": 0, "failed": EXIT_FAILED, "interrupted": 130}
 ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

@@ -25,7 +25,7 @@ or a host-bound step) are marked "noisy: repeat or interleave"; those without a 
 
 Pairing rules: a ratio (scaling, Lightning / native, strategy / ddp, option / default) is computed only between
 results of the same machine (the same GPU UUIDs; on the CPU the same hosts and CPU; for scaling, base runs on the
-larger run's own GPUs, covering all of them), the same git commit and the same software versions (lib/analysis.py's
+larger run's own GPUs, covering all of them), the same git commit and the same software versions (analysis.py's
 SOFTWARE, where both record them). Each run of the numerator is divided by the median of its like-for-like
 denominators, and the range over those runs is printed with their count. A pair without such a partner is printed
 from the rows' medians and labelled "across machines" or "across commits/software"; it never makes a headline.
@@ -42,7 +42,7 @@ reference is reported with the fields in which the nearest reference differs; wh
 nothing failed, the reference is incomparable (exit 2).
 
 Generated blocks: README.md, docs/*.md and lightning/README.md hold blocks between <!-- generated:NAME --> and
-<!-- /generated:NAME --> (lib/analysis.py's engine); --docs regenerates every one of them, report.py's from the
+<!-- /generated:NAME --> (the package's engine); --docs regenerates every one of them, report.py's from the
 committed results (results/) and scaling_model.py's sections, and --check-docs exits 1 when one differs.
 
 Exit codes: 0 fine, 1 regression or stale block, 2 unusable invocation (one line on stderr).
@@ -59,13 +59,12 @@ import sys
 import textwrap
 from collections import defaultdict
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "lib"))
-from analysis import (EXIT_FAILED, EXIT_OK, REPOSITORY, OneLineArgumentParser, UsageError,  # noqa: E402
-                      check_documents, is_number, run_cli, update_documents, write_atomically)
-from pairing import (ACROSS_BUILDS, ACROSS_MACHINES, LIGHTNING, NATIVE, NOT_OPTIONS, OSS, RUN_FIELDS,  # noqa: E402
-                     SHARDING_ORDER, Config, aggregate, applies, common_window, launches, lightning_pairs,
-                     load_documents, load_runs, option_labels, options_agree, order, paired_ratios, peak_mib, rate,
-                     row_of, rows_by_setup, scaling_figures, scaling_label, scaling_series, script_defaults, unlike)
+from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, REPOSITORY, OneLineArgumentParser, UsageError,
+    check_documents, is_number, run_cli, update_documents, write_atomically)
+from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, ACROSS_MACHINES, LIGHTNING, NATIVE, NOT_OPTIONS, OSS,
+    RUN_FIELDS, SHARDING_ORDER, Config, aggregate, applies, common_window, launches, lightning_pairs, load_documents,
+    load_runs, option_labels, options_agree, order, paired_ratios, peak_mib, rate, row_of, rows_by_setup,
+    scaling_figures, scaling_label, scaling_series, script_defaults, unlike)
 
 COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
 NO_RESULTS = ("No results committed yet: run the benchmarks on a GPU machine, put the result files under "

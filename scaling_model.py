@@ -8,7 +8,7 @@ the predictions against the committed multi-rank runs and against published meas
     python scaling_model.py --check-doc docs/scaling.md    # exit 1 when a generated block is stale (--update-doc)
 
 RESULT: one-GPU results of ddp_resnet50.py or its Lightning twin (one per GPU, e.g. a run on each GPU of a node),
-for each strategy of lib/scaling.py (the model: the one-GPU step, the straggler, the exposed communication, the
+for each strategy of the package's scaling.py (the model: the one-GPU step, the straggler, the exposed communication, the
 kernels data parallelism adds, the optimizer's change). Links come from a collective probe or a preset (each with
 its source); per-kernel costs from the probe's local copy or the committed one-GPU kernel profile; how far apart
 GPUs run the step from the committed one-GPU runs of the workload. Multi-rank results are never fitted to:
@@ -29,14 +29,12 @@ import sys
 import tempfile
 from collections import Counter
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "lib"))
-from analysis import (OneLineArgumentParser, UsageError, check_documents, document_problem,  # noqa: E402
-                      find_result_files, is_comparison, is_harness_cost, is_number, load_json, rank_devices,
-                      read_json, run_cli, update_documents, write_atomically, write_json_atomically)
-from scaling import (COMMUNICATION, GPUS, KERNEL_PROFILE, LINK_PRESETS, NCCL_CHANNELS, OVERHEAD,  # noqa: E402
-                     STRATEGIES, Baseline, LocalCosts, Topology, datasheet, ddp_buckets, facts_for, figure_baseline,
-                     given_link, kernel_profile_costs, make_link, predict, preset_link, probe_costs, probe_link,
-                     workload_of)
+from resnet50_ddp_benchmarks.analysis import (OneLineArgumentParser, UsageError, check_documents, document_problem,
+    find_result_files, is_comparison, is_harness_cost, is_number, load_json, rank_devices, read_json, run_cli,
+    update_documents, write_atomically, write_json_atomically)
+from resnet50_ddp_benchmarks.scaling import (COMMUNICATION, GPUS, KERNEL_PROFILE, LINK_PRESETS, NCCL_CHANNELS, OVERHEAD,
+    STRATEGIES, Baseline, LocalCosts, Topology, datasheet, ddp_buckets, facts_for, figure_baseline, given_link,
+    kernel_profile_costs, make_link, predict, preset_link, probe_costs, probe_link, workload_of)
 
 PROG = "scaling_model.py"
 ROOT = pathlib.Path(__file__).resolve().parent

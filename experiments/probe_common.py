@@ -15,8 +15,8 @@ import time
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "lib")]
-import benchmark_extras as extras  # noqa: E402,F401  (the computation options the probes time)
+sys.path.insert(0, str(ROOT))  # the benchmark script, imported as a module
+from resnet50_ddp_benchmarks import benchmark_extras as extras  # noqa: F401  (the computation options the probes time)
 import ddp_resnet50 as bench  # noqa: E402  (UsageError, OneLineArgumentParser, run_guarded, summarize)
 
 UsageError, OneLineArgumentParser, summarize = bench.UsageError, bench.OneLineArgumentParser, bench.summarize

@@ -388,7 +388,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 def parse_arguments_with_extras(parser, argv, **defaults):
     """Every script's options (defaults: a script's own, for --lr); benchmark_extras.py's join when the command line
-    has one the script lacks, or -h (a script copied without lib/ shows its own)."""
+    has one the script lacks, or -h (a script copied alone shows its own)."""
     add = parser.add_argument
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument("--batch-size-per-device", type=int, help="weak scaling: images per device (256 on GPU, 8 on "
@@ -410,7 +410,7 @@ def parse_arguments_with_extras(parser, argv, **defaults):
     add("--timeout", type=int, default=300, help="seconds a rank waits for the others (%(default)s)")
     add("--compile", action="store_true", help="torch.compile the model")
     argv = sys.argv[1:] if argv is None else argv
-    if {"-h", "--help"} & set(argv):  # the extras' options too, where lib/ is found
+    if {"-h", "--help"} & set(argv):  # the extras' options too, where the package is found
         with contextlib.suppress(UsageError):
             import_extras().add_arguments(parser, EXTRA_DEFAULTS)
     elif parser.parse_known_args(argv)[1]:
@@ -419,13 +419,10 @@ def parse_arguments_with_extras(parser, argv, **defaults):
 
 
 def import_extras():
-    """lib/benchmark_extras.py of the repository: <here>/lib beside a script at the top, <here>/../lib for the twin."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path += [folder for folder in (os.path.join(here, "lib"), os.path.join(os.path.dirname(here), "lib"))
-                 if folder not in sys.path]
+    """The repository's package: installed (pip install -e .), or beside a script run from a clone."""
     with contextlib.suppress(ModuleNotFoundError):
-        return importlib.import_module("benchmark_extras")
-    raise UsageError("this option needs lib/benchmark_extras.py of the repository")
+        return importlib.import_module("resnet50_ddp_benchmarks.benchmark_extras")
+    raise UsageError("this option needs the repository's package (pip install -e . in a clone)")
 
 
 def launcher_integer(env, name, default=None, high=10**9):

@@ -11,7 +11,6 @@ from unittest import mock
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "lib"))  # the analysis tools' shared module, imported by the tests as they do
 NATIVE = ROOT / "ddp_resnet50.py"
 LIGHTNING = ROOT / "lightning" / "ddp_resnet50.py"
 OSS = ROOT / "oss_benchmark.py"

@@ -1,11 +1,11 @@
-"""lib/analysis.py, what the analysis tools share: the one writer, the one-line errors and the generated-docs engine
+"""The package's analysis.py, what the analysis tools share: the one writer, the one-line errors and the generated-docs engine
 (reading results is tested through report.py in test_report.py)."""
 import errno
 import os
 
 import pytest
 
-import analysis
+from resnet50_ddp_benchmarks import analysis
 
 
 def test_the_writer_takes_its_mode_from_the_umask_and_refuses_a_path_that_exists(tmp_path):

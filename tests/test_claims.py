@@ -1,12 +1,12 @@
 """Every measured figure in the documents' hand-written prose names its committed source, and what it claims holds
-in the committed files (lib/claims.py): ratios like for like or said not to be, ranges over every committed repeat,
+in the committed files (the package's claims.py): ratios like for like or said not to be, ranges over every committed repeat,
 noisy rounds, the best of several runs, one comparison of several and dirty trees said.
 
 The committed results are read once for the module (claims.evidence()). The checker's own rules are tested on
 sentences written to break each one, against the same committed files."""
 import pytest
 
-import claims
+from resnet50_ddp_benchmarks import claims
 
 S11 = "nvidia-h200-x2-2026-11-30f"
 S14 = "nvidia-h200-x2-2026-11-30i"

@@ -17,8 +17,7 @@ import torch.nn.functional as F
 from conftest import OSS, ROOT, load_script, resolve_config, validate
 
 GiB, MiB = 2**30, 2**20
-PROBE = ROOT / "lib" / "collective_probe.py" if (ROOT / "lib" / "collective_probe.py").exists() else \
-    ROOT / "collective_probe.py"
+PROBE = ROOT / "resnet50_ddp_benchmarks" / "collective_probe.py"
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import sys
 
 import pytest
 
-import analysis
-import pairing
+from resnet50_ddp_benchmarks import analysis
+from resnet50_ddp_benchmarks import pairing
 from conftest import ROOT, clean_env, load_script, one_error_line, read_result
 
 REPORT = ROOT / "report.py"

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-import scaling
+from resnet50_ddp_benchmarks import scaling
 from conftest import NATIVE, ROOT, SMALL, clean_env, load_script, run_script
 
-PROBE = ROOT / "lib" / "collective_probe.py"
+PROBE = ROOT / "resnet50_ddp_benchmarks" / "collective_probe.py"
 MODEL = ROOT / "scaling_model.py"
 DOC = ROOT / "docs" / "scaling.md"
 PAIR = [ROOT / path for path in ("results/nvidia-h200-x2-2026-11-30b/s4-native-1gpu-bf16-256-gpu0.json",

@@ -217,8 +217,8 @@ def test_a_sweep_that_cannot_make_its_folder_says_so_in_one_line(tmp_path):
 
 # ------------------------------------------------------------------------------ collective_probe.py
 
-# Where it is: beside the benchmarks, or in lib/ with the other measurement code.
-PROBE = next(path for path in (ROOT / "lib" / "collective_probe.py", ROOT / "collective_probe.py") if path.exists())
+# The probe, run by its path as the documents say
+PROBE = ROOT / "resnet50_ddp_benchmarks" / "collective_probe.py"
 TINY_PROBE = ["--device", "cpu", "--sizes", "1K,4K", "--repeats", "1", "--warmup", "0"]
 
 

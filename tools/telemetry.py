@@ -30,8 +30,7 @@ import gzip
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "lib"))
-from analysis import (OneLineArgumentParser, UsageError, read_result_file, run_cli,  # noqa: E402  (no torch)
+from resnet50_ddp_benchmarks.analysis import OneLineArgumentParser, UsageError, read_result_file, run_cli
                       write_json_atomically)
 
 SW_POWER_CAP = 0x4

@@ -1,6 +1,6 @@
 """Optional extras of the benchmark scripts, imported only when one of their options is given.
 
-ddp_resnet50.py, lightning/ddp_resnet50.py and oss_benchmark.py find this file in the repository's lib/ and add
+ddp_resnet50.py, lightning/ddp_resnet50.py and oss_benchmark.py import this module from the repository's package and add
 its options to their command line when the command line has one of them
 (or asks for --help). Without these options every script needs only torch, torchvision and its framework.
 
@@ -41,7 +41,7 @@ def add_arguments(parser, defaults):
     ddp.add_argument("--collective-probe", action="store_true",
                      help="after the timed steps, time all-reduce, broadcast, all-gather and reduce-scatter over a "
                           "sweep of sizes and record their fitted latency and bus bandwidth in the result "
-                          "(lib/collective_probe.py; scaling_model.py reads them)")
+                          "(the package's collective_probe.py; scaling_model.py reads them)")
     ddp.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction,
                      help="cuDNN times its convolution algorithms in each process and keeps the fastest (default on "
                           "GPU); without it cuDNN's heuristics choose, the same in every process")
@@ -126,10 +126,7 @@ def resolve_options(args, config, world_size, UsageError):
 
 def probe_collectives(run):
     """collective_probe.py's sweep over the run's process group, every rank taking part; rank 0's result keeps it."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    if here not in sys.path:
-        sys.path.append(here)
-    import collective_probe
+    from resnet50_ddp_benchmarks import collective_probe
     return collective_probe.probe_collectives(device=run.device)
 
 

@@ -18,7 +18,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from analysis import REPOSITORY, UsageError, is_number, load_json, rank_devices
+from resnet50_ddp_benchmarks.analysis import REPOSITORY, UsageError, is_number, load_json, rank_devices
 
 STRATEGIES = ("ddp", "oss_ddp", "oss_sharded_ddp", "zero1", "zero1_overlap", "fsdp_zero2", "fsdp_zero3")
 # NCCL's fixed start-up latency of a Simple-protocol ring or tree (us): nccl src/graph/tuning.cc, baseLat, as

@@ -1,5 +1,6 @@
 """Every measured figure in the documents' hand-written prose, traced to the committed files and checked against
-them (tests/test_claims.py; `python lib/claims.py [DOCUMENT ...]` prints what fails).
+them (tests/test_claims.py;
+`python -m resnet50_ddp_benchmarks.claims [DOCUMENT ...]` prints what fails).
 
 A figure is a number that was measured: one with a decimal point or thousands separators, a percentage, a ratio
 written with ×, a signed difference, a range (`3,498–3,632`) or a number with a unit (`55 ms`, `11,360 MiB`,
@@ -46,8 +47,7 @@ import pathlib
 import re
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import analysis  # noqa: E402
+from resnet50_ddp_benchmarks import analysis
 
 REPOSITORY = analysis.REPOSITORY
 DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/sharding.md", "lightning/README.md", "slurm/README.md")
@@ -215,7 +215,6 @@ def units_of(document, text):
 def load_report(root=REPOSITORY):
     spec = importlib.util.spec_from_file_location("report_for_claims", pathlib.Path(root) / "report.py")
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(pathlib.Path(root) / "lib"))
     spec.loader.exec_module(module)
     return module
 

@@ -14,13 +14,13 @@ NVIDIA/nccl-tests): size is the whole buffer (all-gather: its output, reduce-sca
 "bandwidth" is bytes copied per second, its latency the cost of one more small kernel or copy): the per-call cost
 of the extra copies that data parallelism adds to a step.
 
-    torchrun --standalone --nproc-per-node 2 lib/collective_probe.py --output probe.json
-    python lib/collective_probe.py --device cpu --output probe.json          # one process (no bus bandwidth)
-    srun --ntasks-per-node 4 --gpus-per-node 4 python lib/collective_probe.py --output probe.json
+    torchrun --standalone --nproc-per-node 2 -m resnet50_ddp_benchmarks.collective_probe --output probe.json
+    python -m resnet50_ddp_benchmarks.collective_probe --device cpu --output probe.json   # one process
+    srun --ntasks-per-node 4 --gpus-per-node 4 python -m resnet50_ddp_benchmarks.collective_probe --output probe.json
 
 Inside a run that already has a process group, on every rank (it is collective), e.g. after the timed steps:
 
-    from collective_probe import probe_collectives
+    from resnet50_ddp_benchmarks.collective_probe import probe_collectives
     probe = probe_collectives(group=None, device=device)   # the same dict on every rank
 
 Exit codes: 0 ok, 1 error (ranks that cannot meet within --timeout, an output that cannot be written: one line on

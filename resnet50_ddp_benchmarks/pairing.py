@@ -7,7 +7,7 @@ import json
 import statistics
 from collections import defaultdict, namedtuple
 
-from analysis import REPOSITORY, build_of, devices_of, read_inputs, same_build
+from resnet50_ddp_benchmarks.analysis import REPOSITORY, build_of, devices_of, read_inputs, same_build
 
 NATIVE, LIGHTNING, OSS = "ddp_resnet50.py", "lightning/ddp_resnet50.py", "oss_benchmark.py"
 # oss_benchmark.py's strategies from the plainest to the most sharded; others follow alphabetically.
