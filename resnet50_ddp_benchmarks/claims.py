@@ -41,13 +41,13 @@ What is checked, against the committed results (read once; configurations as rep
 """
 import functools
 import glob
-import importlib.util
 import json
 import pathlib
 import re
 import sys
 
 from resnet50_ddp_benchmarks import analysis
+from resnet50_ddp_benchmarks.pairing import load_documents
 
 REPOSITORY = analysis.REPOSITORY
 DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/sharding.md", "lightning/README.md", "slurm/README.md")
@@ -212,20 +212,12 @@ def units_of(document, text):
 
 # ---------------------------------------------------------------------------- the committed files
 
-def load_report(root=REPOSITORY):
-    spec = importlib.util.spec_from_file_location("report_for_claims", pathlib.Path(root) / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 class Evidence:
     """The committed results (as report.py reads and groups them) and comparisons, read once."""
 
     def __init__(self, root=REPOSITORY):
         self.root = pathlib.Path(root).resolve()
-        report = load_report(self.root)
-        runs, comparisons = report.load_documents([self.root / "results"])
+        runs, comparisons = load_documents([self.root / "results"])
         self.runs = {pathlib.Path(run["path"]).resolve(): run for run in runs}
         for path, run in self.runs.items():
             document = json.loads(path.read_text(encoding="utf-8"))
