@@ -18,12 +18,14 @@ def twin():
 
 @pytest.fixture
 def fresh_env(monkeypatch):
-    """No launcher variables; whatever the run sets in os.environ (MASTER_PORT, MASTER_ADDR) is undone after."""
+    """No launcher variables; whatever the run sets in os.environ (MASTER_PORT, MASTER_ADDR) is undone after, and
+    the run leaves this process's thread count alone."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
                  "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_JOB_ID",
                  "SLURM_JOB_NAME"):
         monkeypatch.setenv(name, "")  # set, then removed: monkeypatch restores the variable's absence
         monkeypatch.delenv(name)
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)  # a CPU rank's share: not this process's
 
 
 def test_global_ranks_under_lightnings_launcher_on_two_nodes(twin):
