@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from conftest import LIGHTNING, SMALL, load_script
+from conftest import LIGHTNING, SMALL, load_script, pretend_gpus
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,26 @@ def test_the_variant_records_the_side_stream_that_runs(twin, matched, cuda_graph
     assert record["lightning_manual_optimization"] is cuda_graphs
     assert not twin.lightning_variant(matched, False, True, cuda_graphs)["lightning_ddp_side_stream"]
     assert not twin.lightning_variant(matched, True, False, cuda_graphs)["lightning_ddp_side_stream"]
+
+
+@pytest.mark.parametrize("matched", [[], ["--lightning-matched"]], ids=["stock", "matched"])
+def test_a_cuda_graphs_run_records_the_side_stream(twin, monkeypatch, tmp_path, fresh_env, matched):
+    """What main() gives the run to record, on 2 made-up GPUs: --cuda-graphs keeps the side stream, matched or not."""
+    pretend_gpus(monkeypatch, count=2)
+
+    class Recorded(Exception):
+        pass
+
+    def run(config, *args, **kwargs):
+        raise Recorded(config)
+
+    monkeypatch.setattr(twin, "Run", run)
+    with pytest.raises(Recorded) as recorded:
+        twin.main(["--devices", "2", "--cuda-graphs", "--warmup-steps", "12", *matched, "--output",
+                   str(tmp_path / "result.json")])
+    config = recorded.value.args[0]
+    assert (config["lightning_variant"], config["lightning_ddp_side_stream"], config["lightning_manual_optimization"]
+            ) == ("matched" if matched else "stock", True, True)
 
 
 def main_with_fit_returning_at_once(twin, monkeypatch, argv, output):
