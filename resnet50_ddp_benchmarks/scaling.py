@@ -614,9 +614,9 @@ def ceilings(paths):
 
 
 def ceilings_text(paths):
-    """ceilings(paths) as a Markdown table, or '' when the folder has no multi-rank DDP runs and one-GPU runs."""
+    """ceilings(paths) as a Markdown table, or '' where no run probed its link (report.py's tables say the rest)."""
     rows = ceilings(paths)
-    if not rows:
+    if all(r["ceiling"] is None for r in rows):
         return ""
     lines = [f"**Measured against {CEILING}** (efficiency: img/s over N x the one-GPU img/s)", "",
              "| batch | GPUs | runs | measured | ceiling | points lost below it | link |", "|---|---|---|---|---|---|---|"]
