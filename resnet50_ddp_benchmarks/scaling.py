@@ -756,11 +756,13 @@ def validate_runs(folders):
 
 def published_problem(row):
     """Why a published row cannot be bounded honestly, or None."""
-    if not isinstance(row, dict) or not all(is_number(row.get(key)) and row[key] > 0 for key in ROW_NUMBERS) \
-            or not isinstance(row.get("source"), str) or not isinstance(row.get("link"), str) or row["gpus"] < 2:
-        return f"not a multi-GPU row with {', '.join(ROW_NUMBERS)} positive, a source and a link"
-    if "parameter" in str(row.get("implementation", "")).replace("_", " ") + " " and \
-            "parameter server" in str(row.get("implementation", "")).replace("_", " "):
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    bad = [key for key in ROW_NUMBERS if not (is_number(row.get(key)) and row[key] > 0)]
+    bad += [key for key in ("source", "link") if not isinstance(row.get(key), str)]
+    if bad or row["gpus"] < 2:
+        return f"{', '.join(bad) or 'gpus'}: {'not given or not positive' if bad else 'fewer than 2 GPUs'}"
+    if "parameter server" in str(row.get("implementation", "")).replace("_", " "):
         return "parameter servers, not an all-reduce: the model has no term for them"
     if datasheet(row.get("gpu")) is None or row.get("precision") not in PRECISIONS:
         return f"no datasheet figures for the {row.get('gpu')} in {row.get('precision')}"
@@ -944,7 +946,11 @@ def section_validation(_=None):
             by_source.setdefault(row["source"], []).append(row["lost"])
         lines += [f"| <{source}> | {len(lost)} | {statistics.median(lost):.1f} | {min(lost):.1f} to {max(lost):.1f} |"
                   for source, lost in by_source.items()]
-        lines.append(f"\nSkipped: {'; '.join(s['name'] + ': ' + s['reason'] for s in table['skipped']) or 'none'}.")
+        reasons = {}
+        for skipped in table["skipped"]:
+            reasons.setdefault(skipped["reason"], []).append(skipped["name"].rsplit(" ", 1)[1])
+        lines.append("\nSkipped: " + ("; ".join(f"rows {', '.join(rows)}: {reason}" for reason, rows in reasons.items())
+                                       or "none") + ".")
     return "\n".join(lines)
 
 
