@@ -17,12 +17,12 @@ import argparse
 import math
 import re
 import sys
-import tempfile
 
-from resnet50_ddp_benchmarks.analysis import OneLineArgumentParser, UsageError, run_cli, write_json_atomically
+from resnet50_ddp_benchmarks.analysis import (OneLineArgumentParser, UsageError, check_writable, run_cli,
+                                              write_json_atomically)
 from resnet50_ddp_benchmarks.scaling import (CEILING, LINK_PRESETS, PUBLISHED, REPOSITORY, STRATEGIES, Topology,
-    ceiling, ceiling_table, given_link, load_json, local_costs, one_gpu_baseline, preset_link, probe_link, spread_of,
-    validate, validation_table, workload_of)
+    ceiling, ceiling_table, given_link, load_json, local_costs, one_gpu_baseline, preset_link, probe_link,
+    published_losses, spread_text, validate, validation_table, workload_of)
 
 PROG = "scaling_model.py"
 
@@ -42,7 +42,6 @@ def parse_arguments(argv):
     add("--inter-node-link", choices=sorted(LINK_PRESETS), default="ib-ndr400", help="the link between nodes")
     add("--gpus-per-node", type=int, default=8, help="GPUs joined by --link in each node")
     add("--nics-per-node", type=int, help="inter-node NICs per node (default: one per GPU)")
-    add("--memory-bandwidth", type=float, help="the GPU's HBM bandwidth, GB/s (default: its datasheet's)")
     add("--json", help="write the ceilings (or the validation) to this JSON file")
     add("--validate", nargs="*", metavar="FOLDER", help="check the multi-rank results under these folders (default "
                                                         "results/) and the published tables against the ceiling")
@@ -63,18 +62,12 @@ def check_arguments(args):
         raise UsageError("--bandwidth must be positive and --latency not negative")
     if args.gpus_per_node < 1 or (args.nics_per_node is not None and args.nics_per_node < 1):
         raise UsageError("--gpus-per-node and --nics-per-node must be positive")
-    if args.memory_bandwidth is not None and not 0 < args.memory_bandwidth < math.inf:
-        raise UsageError("--memory-bandwidth must be positive")
     if args.results and args.link is None and args.bandwidth is None and args.probe is None:
         raise UsageError("give the link: --link PRESET, --bandwidth GB/s --latency us, or --probe FILE")
     for path in args.published or []:
         load_json(path, "table of published measurements")
     if args.json:
-        try:  # a folder that is not there or takes no file: refused before the work
-            with tempfile.TemporaryFile(dir=str(__import__("pathlib").Path(args.json).parent) or "."):
-                pass
-        except OSError as error:
-            raise UsageError(f"--json {args.json}: its folder takes no new file ({error.strerror or error})") from None
+        check_writable(args.json, "--json")
     if not re.fullmatch(r"\s*\d{1,7}(\s*,\s*\d{1,7})*\s*", args.gpus or "") or min(map(int, args.gpus.split(","))) < 1:
         raise UsageError(f"--gpus {args.gpus!r}: give GPU counts of 1 or more such as 8,64,512")
     chosen = [part.strip() for part in args.strategies.split(",") if part.strip()]
@@ -99,7 +92,7 @@ def main_ceilings(args, counts, strategies):
         if args.bandwidth is not None else preset_link(args.link)
     topology = Topology(intra, preset_link(args.inter_node_link), args.gpus_per_node,
                         args.nics_per_node or args.gpus_per_node)
-    local = local_costs(baseline.results[0], probe, args.probe, args.memory_bandwidth)
+    local = local_costs(baseline.results[0], probe, args.probe)
     tops = [ceiling(s, n, baseline, workload_of(baseline.config, s), topology, local) for s in strategies
             for n in counts]
     c = baseline.config
@@ -114,7 +107,8 @@ def main_ceilings(args, counts, strategies):
             "local_costs": local.source, "ceilings": [
                 {"strategy": t.strategy, "gpus": t.n, "ceiling_efficiency": round(t.efficiency, 5),
                  "images_per_second_at_most": round(t.images_per_second, 1), "step_ms_at_least": round(t.step_ms, 4),
-                 "published_runs_fell_below": None if t.n == 1 else spread_of(t.n, args.gpus_per_node),
+                 "published_runs_fell_below": None if t.n == 1 else spread_text(
+                     published_losses()[t.n <= args.gpus_per_node]),
                  "terms_ms": {k: round(v, 4) for k, v in t.terms.items()}} for t in tops]})
     return 0
 

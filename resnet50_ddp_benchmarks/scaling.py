@@ -1,19 +1,10 @@
 """The ceiling on data-parallel scaling: the efficiency at N GPUs that communication and data parallelism's own work
-at a given link leave, from a measured one-GPU step. Not a prediction: every cost it leaves out (the input pipeline,
-stragglers, the framework's host work, the power cap) only lowers the measured figure.
-
-    step(N) = one-GPU step (measured)
-            + exposed communication (each collective alpha + size * factor / B, nccl-tests' convention)
-            + the kernels data parallelism adds (copies, casts) and the SMs NCCL takes from the backward
-            + the optimizer's change (a shard of it; another implementation than the one-GPU run's)
-
-Gradient bytes, buckets, shards and buffers come from torchvision's model built on the meta device; the backward
-window and the time each gradient becomes ready from a roofline over its operators, scaled to the measured step.
-scaling_model.py is the command line; `ceilings` serves report.py's view of a run folder.
+at a link leave of a measured one-GPU step (docs/scaling.md). Each term is a lower bound of its cost, so every cost
+left out (the input pipeline, stragglers, the framework's host work, the power cap) only lowers the measured figure.
+scaling_model.py is its command line; `ceilings` serves report.py's view of a run folder.
 """
 import dataclasses
 import functools
-import itertools
 import math
 import pathlib
 import re
@@ -31,30 +22,19 @@ NCCL_BASE_US = 8.4
 NCCL_CHANNELS = 16  # one SM each, on Hopper with NVLink: comm_analysis.py's _GPU_NCHANNELS
 
 
-@dataclass(frozen=True)
-class LinkPreset:
-    bus_gbps: float
-    hop_us: float
-    source: str
-
-
 # Bus bandwidth (nccl-tests' busbw, GB/s) and NCCL's Simple-protocol per-step latency (us, nccl tuning.cc hwLat:
 # NVLink 3.4, PCI 5.7, NET 14.0) of each link.
 LINK_PRESETS = {
-    "nvlink4": LinkPreset(370.0, 3.4, "NVLink 4 (H100/H200 SXM): 370 GB/s, Hopper's NVLink bus bandwidth in NCCL's "
+    "nvlink4": (370.0, 3.4, "NVLink 4 (H100/H200 SXM): 370 GB/s, Hopper's NVLink bus bandwidth in NCCL's "
                                       "topology model (nccl src/graph/topo.h); nccl-tests all_reduce_perf on "
                                       "8 x H100 reports about 370 GB/s"),
-    "ib-ndr400": LinkPreset(47.0, 14.0, "InfiniBand NDR 400 Gb/s: 46-48 GB/s per NIC in nccl-tests and ib_write_bw"),
-    "pcie4": LinkPreset(24.0, 5.7, "PCIe 4.0 x16 with peer-to-peer: 24 GB/s, NCCL's PCI bandwidth for Gen4 x16"),
-    "pcie5": LinkPreset(28.0, 5.7, "PCIe 5.0 consumer GPUs with peer-to-peer: about 28 GB/s between two GPUs"),
-    "eth100": LinkPreset(11.5, 14.0, "100 Gb/s Ethernet (RoCE): 12.5 GB/s line rate, about 92 % of it payload"),
+    "ib-ndr400": (47.0, 14.0, "InfiniBand NDR 400 Gb/s: 46-48 GB/s per NIC in nccl-tests and ib_write_bw"),
+    "pcie4": (24.0, 5.7, "PCIe 4.0 x16 with peer-to-peer: 24 GB/s, NCCL's PCI bandwidth for Gen4 x16"),
+    "eth100": (11.5, 14.0, "100 Gb/s Ethernet (RoCE): 12.5 GB/s line rate, about 92 % of it payload"),
 }
-# NVIDIA's datasheets (SXM parts): SMs, HBM GB/s, dense tensor-core TFLOP/s in 16 bits and in 32 bits (TF32; CUDA
-# cores on the V100 and P100). A result records its GPU's peak; a published row takes it from here.
-GPUS = {"H200": (132, 4800.0, 989.0, 494.0), "H100": (132, 3350.0, 989.0, 494.0),
-        "A100 SXM4 80GB": (108, 2039.0, 312.0, 156.0), "A100": (108, 1555.0, 312.0, 156.0),
-        "V100": (80, 900.0, 125.0, 15.7)}
-KERNEL_PROFILE = REPOSITORY / "experiments" / "step-profile" / "data" / "profile-1gpu-rank0.json"
+# NVIDIA's datasheets (SXM parts): SMs and HBM GB/s (a copy or an optimizer moving B bytes costs B / this).
+GPUS = {"H200": (132, 4800.0), "H100": (132, 3350.0), "A100 SXM4 80GB": (108, 2039.0), "A100": (108, 1555.0),
+        "V100": (80, 900.0)}
 # Bytes each optimizer implementation moves per parameter byte and step, counted from PyTorch's kernels.
 OPTIMIZER_BYTES = {("sgd", "fused"): 5, ("sgd", "foreach"): 8, ("adam", "fused"): 7, ("adam", "foreach"): 18,
                    ("adamw", "fused"): 7, ("adamw", "foreach"): 20, ("rmsprop", "foreach"): 18,
@@ -93,8 +73,8 @@ def make_link(name, source, bus_gbps, hop_us):
 
 
 def preset_link(name):
-    preset = LINK_PRESETS[name]
-    return make_link(name, preset.source, preset.bus_gbps, preset.hop_us)
+    bus_gbps, hop_us, source = LINK_PRESETS[name]
+    return make_link(name, source, bus_gbps, hop_us)
 
 
 def given_link(bandwidth, latency):
@@ -175,26 +155,9 @@ class LocalCosts:
 
 
 def datasheet(gpu_name):
-    """(SMs, HBM GB/s, 16-bit TFLOP/s, 32-bit TFLOP/s) of a GPU by its name, or None."""
+    """(SMs, HBM GB/s) of a GPU by its name, or None."""
     name = str(gpu_name or "").replace("-", " ")
     return next((figures for key, figures in GPUS.items() if key in name), None)
-
-
-@functools.lru_cache(maxsize=8)
-def kernel_profile_costs(path, memory_gbps, sm_share):
-    """From a one-GPU kernel profile: the shortest kernel issued at least 50 times a step, plus the compute stream's
-    idle time per kernel."""
-    profile = load_json(path, "kernel profile")
-    try:
-        stream = profile["streams"][str(profile["compute_stream"])]
-        kernels = [v["ms_per_step"] / v["count_per_step"] for v in profile["compute_kernels_by_name"].values()
-                   if v["count_per_step"] >= 50]
-        kernel_us = (min(kernels) + profile["compute_idle_ms_per_step"] / stream["kernels_per_step"]) * 1e3
-    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
-        raise UsageError(f"{path}: not a kernel profile of experiments/step-profile/ (no kernel counts)") from None
-    where = path.relative_to(REPOSITORY) if path.is_relative_to(REPOSITORY) else path
-    return LocalCosts(kernel_us, memory_gbps / 2, memory_gbps, sm_share,
-                      f"{where}: {kernel_us:.2f} us a kernel; HBM {memory_gbps:g} GB/s (datasheet)")
 
 
 def probe_costs(probe, origin, sm_share):
@@ -203,9 +166,10 @@ def probe_costs(probe, origin, sm_share):
                       f"collective_probe.py local copy: {latency:.2f} us a copy, {bandwidth:.1f} GB/s ({origin})")
 
 
-def local_costs(result, probe, origin, memory_gbps=None, profile=KERNEL_PROFILE):
-    """The probe's local copy, else (a GPU) the kernel profile with the HBM datasheet. NCCL's channels hold SMs
-    while they run; on the CPU gloo's threads take their whole time from the computation."""
+def local_costs(result, probe, origin):
+    """The probe's local copy, else (a GPU) the HBM datasheet, a copy moving each byte twice, and no cost per kernel
+    (the least it can be). NCCL's channels hold SMs while they run; gloo's threads take all their time from the CPU's
+    computation."""
     cuda = result["config"]["device"] == "cuda"
     rank = ((result.get("hardware") or {}).get("ranks") or [{}])[0]
     sms = rank.get("multiprocessors")
@@ -215,88 +179,45 @@ def local_costs(result, probe, origin, memory_gbps=None, profile=KERNEL_PROFILE)
     if not cuda:
         raise UsageError("a CPU run needs a probe (--probe, or its result's collective_probe): the per-copy cost "
                          "and copy bandwidth come from its local copy")
-    memory = memory_gbps or (datasheet(rank.get("gpu_name")) or [None] * 2)[1]
-    if memory is None:
-        raise UsageError(f"no HBM bandwidth known for {rank.get('gpu_name')!r}: give --memory-bandwidth GB/s")
-    return kernel_profile_costs(pathlib.Path(profile), memory, sm_share)
+    sheet = datasheet(rank.get("gpu_name"))
+    if sheet is None:
+        raise UsageError(f"no HBM bandwidth known for {rank.get('gpu_name')!r}: give a --probe (its local copy)")
+    return LocalCosts(0.0, sheet[1] / 2, sheet[1], sm_share, f"HBM {sheet[1]:g} GB/s ({rank.get('gpu_name')} datasheet)")
 
 
 # ---------------------------------------------------------------------------------------- the model's structure
 
+# The backward computes the gradients of the activations and of the weights: twice the forward's FLOPs, so at most
+# 2/3 of the one-GPU step is backward for the gradient exchange to hide behind (a longer window, a higher ceiling).
+BACKWARD_SHARE = 2 / 3
+
+
 @dataclass(frozen=True)
 class ModelFacts:
-    param_numels: tuple          # model order
-    buffer_bytes: tuple          # (bytes, dtype) per buffer
-    ready_order: tuple           # parameter indices in the order their gradients become ready
-    ready_fraction: tuple        # per parameter: the share of the backward done when its gradient is ready
-    backward_share: float        # the backward's share of a step
+    param_numels: tuple  # model order; the backward reaches them in reverse, so DDP's buckets fill in reverse
+    buffer_bytes: tuple  # (bytes, dtype) per buffer
 
     @property
     def param_bytes(self):
         return 4 * sum(self.param_numels)
 
 
-@functools.lru_cache(maxsize=8)
-def traced_ops(model_name, image_size, batch, channels_last):
-    """(flops, bytes, is_backward) per operator of one fp32 training step on the meta device, the operator index after
-    which each parameter's gradient is ready, the parameters' sizes and the buffers'."""
+@functools.lru_cache(maxsize=4)
+def model_facts(model_name):
+    """What the strategies move, from torchvision's model built on the meta device."""
     import torch
     import torchvision
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-    from torch.utils.flop_counter import flop_registry
-
-    class Recorder(TorchDispatchMode):
-        ops, backward = [], False
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if not any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns) \
-                    and not func.__name__.startswith("empty"):
-                flops = flop_registry[func._overloadpacket](*args, **(kwargs or {}), out_val=out) \
-                    if func._overloadpacket in flop_registry else 0
-                tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-                self.ops.append((flops, sum(t.numel() * t.element_size() for t in tensors), self.backward))
-            return out
-
     with torch.device("meta"):
         model = torchvision.models.get_model(model_name, weights=None, num_classes=1000)
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    model = model.to(memory_format=memory_format)
-    images = torch.empty(batch, 3, image_size, image_size, device="meta").to(memory_format=memory_format)
-    params, ready, recorder = list(model.parameters()), {}, Recorder()
-    recorder.ops = []
-    for index, param in enumerate(params):
-        param.register_post_accumulate_grad_hook(lambda p, i=index: ready.setdefault(i, len(recorder.ops)) and None)
-    with recorder:
-        loss = torch.nn.functional.cross_entropy(model(images), torch.zeros(batch, dtype=torch.long, device="meta"))
-        recorder.backward = True
-        loss.backward()
-    buffers = tuple((b.numel() * b.element_size(), str(b.dtype)) for b in model.buffers())
-    return recorder.ops, ready, tuple(p.numel() for p in params), buffers
-
-
-@functools.lru_cache(maxsize=16)
-def model_facts(model_name, image_size, batch, channels_last, bytes_scale, peak_tflops, memory_gbps, kernel_us):
-    """The traced step's roofline: each operator max(flops / peak, bytes / bandwidth) + a kernel's cost; without a
-    peak (the CPU) time follows the FLOPs. bytes_scale: 0.5 for 16-bit activations (the trace is fp32)."""
-    ops, ready, numels, buffers = traced_ops(model_name, image_size, batch, channels_last)
-    cost = [max(f / (peak_tflops * 1e12), b * bytes_scale / (memory_gbps * 1e9)) + kernel_us * 1e-6
-            for f, b, _ in ops] if peak_tflops else [float(f) for f, _, _ in ops]
-    first_backward = next(i for i, op in enumerate(ops) if op[2])
-    elapsed = list(itertools.accumulate(cost))
-    forward, total = elapsed[first_backward - 1], elapsed[-1]
-    fraction = tuple((elapsed[ready[i] - 1] - forward) / (total - forward) for i in range(len(numels)))
-    optimizer = 5 * 4 * sum(numels) / (memory_gbps * 1e9) if peak_tflops else 0.0
-    return ModelFacts(numels, buffers, tuple(sorted(ready, key=ready.get)), fraction,
-                      (total - forward) / (total + optimizer))
+    return ModelFacts(tuple(p.numel() for p in model.parameters()),
+                      tuple((b.numel() * b.element_size(), str(b.dtype)) for b in model.buffers()))
 
 
 def ddp_buckets(facts, cap_bytes, first_cap_bytes=None):
     """DDP's buckets after its rebuild: gradients in the order they became ready, a bucket closed at its cap (the
     first at 1 MiB only when bucket_cap_mb was left at DDP's default)."""
     buckets, current, size = [], [], 0
-    for index in facts.ready_order:
+    for index in reversed(range(len(facts.param_numels))):
         current.append(index)
         size += 4 * facts.param_numels[index]
         if size >= (cap_bytes if buckets or first_cap_bytes is None else first_cap_bytes):
@@ -363,27 +284,16 @@ class Baseline:
     def step_ms(self):
         return 1e3 * self.config["batch_size_per_device"] / self.images_per_second
 
-    @property
-    def compute_ms(self):
-        """The median timed step (mean over runs); the rest of the step is the per-step overhead."""
-        return statistics.fmean(statistics.median(r["step_times_ms_per_rank"][0]) for r in self.results)
 
-
-def figure_baseline(label, config, images_per_second, peak_tflops=None):
+def figure_baseline(label, config, images_per_second):
     """A one-GPU step known only from its throughput (a published figure, a run at another batch)."""
-    step_ms = 1e3 * config["batch_size_per_device"] / images_per_second
-    return Baseline([label], [{"config": config, "efficiency": {"peak_tflops_per_device": peak_tflops},
-                               "hardware": {"ranks": [{"gpu_uuid": label}]}, "step_times_ms_per_rank": [[step_ms]],
+    return Baseline([label], [{"config": config, "hardware": {"ranks": [{"gpu_uuid": label}]},
                                "throughput": {"images_per_second": images_per_second}}])
 
 
 @dataclass(frozen=True)
 class Workload:
     model: str
-    image_size: int
-    batch: int
-    precision: str
-    channels_last: bool
     optimizer: str
     optimizer_impl: str
     bucket_cap_mb: float = 25.0
@@ -405,8 +315,7 @@ def workload_of(config, strategy=None):
     if strategy not in (config.get("strategy", "ddp"), "ddp"):
         impl = "foreach" if strategy == "zero1_overlap" else SUITE_IMPL.get(optimizer, impl)
     return Workload(
-        config.get("model", "resnet50"), config["image_size"], config["batch_size_per_device"], config["precision"],
-        config.get("memory_format") == "channels_last", optimizer, impl, config.get("bucket_cap_mb") or 25.0,
+        config.get("model", "resnet50"), optimizer, impl, config.get("bucket_cap_mb") or 25.0,
         config.get("first_bucket_mb"), config.get("broadcast_buffers") is not False,
         bool(config.get("gradient_as_bucket_view", True)),
         "eager" if not config.get("compile") else config.get("compiled_ddp") or "ddp_optimizer",
@@ -430,24 +339,18 @@ class Context:
     n: int
     window_ms: float  # the backward's duration on one GPU
 
-    def ready_ms(self, indices):
-        if self.workload.compiled_ddp == "no_optimization":  # one backward graph: every gradient at its end
-            return self.window_ms
-        return self.window_ms * max(self.facts.ready_fraction[i] for i in indices)
-
     def comm(self, kind, size):
         return self.topology.collective_ms(kind, size, self.n)
 
-
-def run_chain(context, events):
-    """Collectives issued in order on one stream, each once its data is ready and the previous one is done: (the
-    part that outlasts the backward, the part that overlaps it)."""
-    clock, overlap, window = 0.0, 0.0, context.window_ms
-    for ready, kind, size in events:
-        start = max(clock, ready)
-        clock = start + context.comm(kind, size)
-        overlap += max(0.0, min(clock, window) - min(start, window))
-    return max(0.0, clock - window), overlap
+    def exposed(self, collectives, last, after=()):
+        """(exposed ms, overlapped ms) of collectives on one stream: the last gradient is ready only when the backward
+        ends, so at least its collective (`last`, then `after`: issued once the backward ends) is exposed, and at
+        least what does not fit in the backward; one backward graph (compiled without the DDP optimizer) exposes
+        all. A lower bound on the exposed time, and on exposed + SM sharing (it grows with the exposed part)."""
+        total = sum(self.comm(kind, size) for kind, size in (*collectives, *after))
+        exposed = total if self.workload.compiled_ddp == "no_optimization" else max(
+            total - self.window_ms, self.comm(*last) + sum(self.comm(kind, size) for kind, size in after))
+        return exposed, total - exposed
 
 
 def ddp_gradient_terms(context, zero_hook=False):
@@ -457,10 +360,9 @@ def ddp_gradient_terms(context, zero_hook=False):
     buckets = [(bucket, 4 * sum(facts.param_numels[i] for i in bucket))
                for bucket in ddp_buckets(facts, w.bucket_cap_mb * 2 ** 20,
                                          w.first_bucket_mb and w.first_bucket_mb * 2 ** 20)]
-    events = [(context.ready_ms(bucket), "all_reduce", size) for bucket, size in buckets]
-    if zero_hook:
-        events += [(context.window_ms, "broadcast", size / context.n) for _, size in buckets for _ in range(context.n)]
-    exposed, overlap = run_chain(context, events)
+    after = [("broadcast", size / context.n) for _, size in buckets for _ in range(context.n)] if zero_hook else []
+    exposed, overlap = context.exposed([("all_reduce", size) for _, size in buckets], ("all_reduce", buckets[-1][1]),
+                                       after)
     copies = local.copy_ms(facts.param_bytes, len(facts.param_numels))
     return {"all-reduce": exposed, "bucket copies": copies * (1 if w.gradient_as_bucket_view else 2),
             "SM sharing": local.sm_share * overlap}
@@ -494,7 +396,8 @@ def terms_oss_sharded_ddp(context):
     """Each gradient reduced to its owner, alone when large, in its owner's bucket when small; OSS's broadcasts."""
     facts = context.facts
     reduces = sharded_ddp_reduces(facts, context.n, context.workload.sharded_reduce_buffer)
-    exposed, overlap = run_chain(context, sorted((context.ready_ms(group), "reduce", size) for group, size in reduces))
+    last = next(size for group, size in reduces if 0 in group)  # the first parameter's gradient comes last
+    exposed, overlap = context.exposed([("reduce", size) for _, size in reduces], ("reduce", last))
     return {"reduce": exposed, "bucket copies": context.local.copy_ms(facts.param_bytes, len(facts.param_numels)),
             "SM sharing": context.local.sm_share * overlap, **buffer_broadcast_terms(context, per_buffer=True),
             **parameter_broadcasts(context, oss_shards(facts, context.n)[0]), **optimizer_terms(context, 1 / context.n)}
@@ -543,17 +446,12 @@ class Ceiling:
 
 def ceiling(strategy, n, baseline, workload, topology, local):
     """The shortest step `strategy` can take on n ranks at this link, with each term (ms)."""
-    result = baseline.results[0]
-    peak = (result.get("efficiency") or {}).get("peak_tflops_per_device") if result["config"]["device"] == "cuda" \
-        else None
-    facts = model_facts(workload.model, workload.image_size, workload.batch, workload.channels_last,
-                        0.5 if workload.precision in ("bf16", "fp16") else 1.0, peak, local.memory_gbps,
-                        local.kernel_us)
+    facts = model_facts(workload.model)
     if baseline.config.get("cuda_graphs"):
         local = dataclasses.replace(local, kernel_us=0.0)  # a captured graph launches its kernels at no host cost
-    compute = baseline.compute_ms
-    context = Context(workload, workload_of(baseline.config), facts, topology, local, n, facts.backward_share * compute)
-    terms = {"compute": compute, "per-step overhead": baseline.step_ms - compute}
+    context = Context(workload, workload_of(baseline.config), facts, topology, local, n,
+                      BACKWARD_SHARE * baseline.step_ms)
+    terms = {"one-GPU step": baseline.step_ms}
     if n > 1:
         terms.update(STRATEGY_TERMS[strategy](context))
     elif strategy != "ddp":
@@ -600,8 +498,7 @@ def ceilings(paths):
             try:
                 probe, config = probed[0]["collective_probe"], {**base[0]["config"], **at_n[0]["config"]}
                 link = probe_link(probe, f"the {n}-rank run's collective_probe")
-                baseline = figure_baseline("one GPU", config, rate, (base[0].get("efficiency") or {}).get(
-                    "peak_tflops_per_device"))
+                baseline = figure_baseline("one GPU", config, rate)
                 local = local_costs({**base[0], "config": config}, probe, f"the {n}-rank run's collective_probe")
                 top = ceiling("ddp", n, baseline, workload_of(config, "ddp"), Topology(link, link, n, n), local)
                 row.update(ceiling=100 * top.efficiency, lost=100 * (top.efficiency - measured), link=link.name)
@@ -633,7 +530,6 @@ def ceilings_text(paths):
 PUBLISHED = REPOSITORY / "docs" / "published" / "resnet50_multi_gpu.json"
 # A published row's noise when neither it nor its table gives one (points): a single figure states no spread.
 PUBLISHED_NOISE_PP = 1.0
-PRECISIONS = {"fp32": ("fp32", 1), "tf32": ("fp32", 1), "amp fp16": ("fp16", 0)}  # (the model's, which peak)
 ROW_NUMBERS = ("batch_per_gpu", "gpus", "nodes", "gpus_per_node", "link_gbytes_per_second",
                "one_gpu_images_per_second", "n_gpu_images_per_second")
 WORKLOAD_DEFAULTS = {"model": "resnet50", "memory_format": "contiguous", "compile": False, "compile_mode": None,
@@ -764,25 +660,24 @@ def published_problem(row):
         return f"{', '.join(bad) or 'gpus'}: {'not given or not positive' if bad else 'fewer than 2 GPUs'}"
     if "parameter server" in str(row.get("implementation", "")).replace("_", " "):
         return "parameter servers, not an all-reduce: the model has no term for them"
-    if datasheet(row.get("gpu")) is None or row.get("precision") not in PRECISIONS:
-        return f"no datasheet figures for the {row.get('gpu')} in {row.get('precision')}"
+    if datasheet(row.get("gpu")) is None:
+        return f"no datasheet figures for the {row.get('gpu')}"
     return None
 
 
 def published_ceiling(row):
     """A published row's ceiling, as PyTorch's DDP with its defaults would run it: the step from its one-GPU figure,
-    the roofline and copies from the GPU's datasheet, a kernel's cost from the H200 profile, the link's bus bandwidth
-    its published line rate (one port per node between nodes)."""
-    sms, memory, *peaks = datasheet(row["gpu"])
-    precision, peak = PRECISIONS[row["precision"]]
-    config = {"device": "cuda", "model": "resnet50", "image_size": 224, "batch_size_per_device": row["batch_per_gpu"],
-              "precision": precision, "memory_format": "channels_last", "optimizer": "sgd", "optimizer_impl": "foreach",
-              "bucket_cap_mb": 25.0, "first_bucket_mb": 1.0, "gradient_as_bucket_view": False}
-    baseline = figure_baseline(row["source"], config, row["one_gpu_images_per_second"], peaks[peak])
-    bandwidth, hop = row["link_gbytes_per_second"], LINK_PRESETS["pcie4" if "PCIe" in row["link"] else "nvlink4"]
-    intra = make_link(row["link"], row.get("link_basis", ""), bandwidth, hop.hop_us)
-    network = make_link(row["link"], row.get("link_basis", ""), bandwidth, LINK_PRESETS["ib-ndr400"].hop_us)
-    local = kernel_profile_costs(KERNEL_PROFILE, memory, NCCL_CHANNELS / sms)
+    copies from the GPU's datasheet, the link's bus bandwidth its published line rate (one port per node between
+    nodes)."""
+    sms, memory = datasheet(row["gpu"])
+    config = {"device": "cuda", "model": "resnet50", "batch_size_per_device": row["batch_per_gpu"], "optimizer": "sgd",
+              "optimizer_impl": "foreach", "bucket_cap_mb": 25.0, "first_bucket_mb": 1.0,
+              "gradient_as_bucket_view": False}
+    baseline = figure_baseline(row["source"], config, row["one_gpu_images_per_second"])
+    bandwidth, hop = row["link_gbytes_per_second"], LINK_PRESETS["pcie4" if "PCIe" in row["link"] else "nvlink4"][1]
+    intra = make_link(row["link"], row.get("link_basis", ""), bandwidth, hop)
+    network = make_link(row["link"], row.get("link_basis", ""), bandwidth, LINK_PRESETS["ib-ndr400"][1])
+    local = LocalCosts(0.0, memory / 2, memory, NCCL_CHANNELS / sms, "datasheet")
     return ceiling("ddp", row["gpus"], baseline, workload_of(config), Topology(intra, network, row["gpus_per_node"],
                                                                              1), local)
 
@@ -801,7 +696,7 @@ def validate_published(path):
         if problem:
             skipped.append({"name": name, "reason": problem})
             continue
-        name += f" ({row.get('organisation', '?')}, {row['gpu']}, {row['precision']}, {row['gpus']} GPUs)"
+        name += f" ({row.get('organisation', '?')}, {row['gpu']}, {row.get('precision', '?')}, {row['gpus']} GPUs)"
         top = published_ceiling(row)
         measured = row["n_gpu_images_per_second"] / (row["gpus"] * row["one_gpu_images_per_second"])
         bounded.append({"name": name, "source": row["source"], "gpus": row["gpus"], "nodes": row["nodes"],
@@ -853,10 +748,6 @@ def published_losses():
     """{one node: [points lost], across nodes: [...]} of the shipped table's rows: the out-of-sample spread."""
     rows, _ = validate_published(PUBLISHED)
     return {True: [r["lost"] for r in rows if r["nodes"] == 1], False: [r["lost"] for r in rows if r["nodes"] > 1]}
-
-
-def spread_of(n, per_node):
-    return spread_text(published_losses()[n <= per_node])
 
 
 def validation_table(validation):
