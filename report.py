@@ -43,7 +43,7 @@ nothing failed, the reference is incomparable (exit 2).
 
 Generated blocks: README.md, docs/*.md and lightning/README.md hold blocks between <!-- generated:NAME --> and
 <!-- /generated:NAME --> (the package's engine); --docs regenerates every one of them, report.py's from the
-committed results (results/) and the scaling model's (the package's scaling.py), and --check-docs exits 1 when one differs.
+committed results (results/) and the package's scaling model, and --check-docs exits 1 when one differs.
 
 Exit codes: 0 fine, 1 regression or stale block, 2 unusable invocation (one line on stderr).
 """

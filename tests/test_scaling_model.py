@@ -113,7 +113,8 @@ def test_a_collective_costs_latency_plus_bytes_over_bus_bandwidth():
 def default_ceiling(n, strategy="ddp"):
     baseline = scaling.one_gpu_baseline(PAIR)
     topology = scaling.Topology(scaling.preset_link("nvlink4"), scaling.preset_link("ib-ndr400"))
-    return scaling.ceiling(strategy, n, baseline, scaling.workload_of(baseline.config, strategy), topology,
+    config = baseline.results[0]["config"]
+    return scaling.ceiling(strategy, n, baseline, scaling.workload_of(config, strategy), topology,
                            scaling.local_costs(baseline.results[0], None, ""))
 
 
@@ -152,7 +153,7 @@ def test_the_command_prints_each_ceiling_with_how_far_below_published_runs_fell(
         if t["gpus"] > 1:
             assert t["published_runs_fell_below"] == scaling.spread_text(losses[t["gpus"] <= 8])
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| ddp |")]
-    spreads = {int(row[2]): row[5].strip() for row in rows}
+    spreads = {int(row[2]): row[4].strip() for row in rows}
     for n, one_node in ((8, True), (16, False)):
         median = statistics.median(losses[one_node])
         assert spreads[n].startswith(f"{median:.1f} ({min(losses[one_node]):.1f} to {max(losses[one_node]):.1f}")
@@ -286,7 +287,6 @@ ONE = str(PAIR[0])
 BAD_INPUTS = {
     "nothing to do": ([], "give one-GPU RESULT files"),
     "no link": ([ONE], "give the link"),
-    "bandwidth alone": ([ONE, "--bandwidth", "10"], "--bandwidth and --latency go together"),
     "a bad GPU count": ([ONE, "--link", "nvlink4", "--gpus", "2,x"], "--gpus"),
     "an unknown strategy": ([ONE, "--link", "nvlink4", "--strategies", "ddp,zero9"], "zero9"),
     "an unknown preset": ([ONE, "--link", "nvlink9"], "invalid choice"),
@@ -295,7 +295,7 @@ BAD_INPUTS = {
     "a one-rank sharding run": (["results/nvidia-h200-2026-12-01d/oss-1gpu-ddp.json", "--link", "nvlink4"],
                                 "oss_benchmark.py"),
     "a result nested 100,000 deep": (["{tmp}/deep.json", "--link", "nvlink4"], "nested too deeply"),
-    "a probe that is no probe": ([ONE, "--probe", str(PAIR[1])], "no collective_probe.py output"),
+    "a probe that is no probe": ([ONE, "--probe", str(PAIR[1])], "so it measured no link"),
     "a probe nested 100,000 deep": ([ONE, "--probe", "{tmp}/deep.json"], "nested too deeply"),
     "a probe missing a collective": ([ONE, "--probe", "{tmp}/no-broadcast.json"], "no broadcast fit"),
     "a probe with a negative bandwidth": ([ONE, "--probe", "{tmp}/negative.json"], "not a positive bandwidth"),
