@@ -17,7 +17,7 @@ from resnet50_ddp_benchmarks.analysis import (OneLineArgumentParser, UsageError,
                                               write_json_atomically)
 from resnet50_ddp_benchmarks.scaling import (CEILING, LINK_PRESETS, PUBLISHED, REPOSITORY, STRATEGIES, Topology,
     ceiling, ceiling_table, load_json, local_costs, one_gpu_baseline, preset_link, probe_link,
-    published_losses, spread_text, validate, validation_table, workload_of)
+    published_losses, spread, validate, validation_table, workload_of)
 
 PROG = "scaling_model.py"
 
@@ -89,8 +89,8 @@ def main_ceilings(args, counts, strategies):
             "model": PROG, "what": CEILING, "one_gpu_runs": baseline.paths, "link": link, "ceilings": [
                 {"strategy": t.strategy, "gpus": t.n, "ceiling_efficiency": round(t.efficiency, 5),
                  "step_ms_at_least": round(t.step_ms, 4),
-                 "published_runs_fell_below": None if t.n == 1 else spread_text(
-                     published_losses()[t.n <= args.gpus_per_node]),
+                 "published_runs_fell_below_points": None if t.n == 1 else dict(zip(
+                     ("median", "least", "most", "rows"), spread(published_losses()[t.n <= args.gpus_per_node]))),
                  "terms_ms": {k: round(v, 4) for k, v in t.terms.items()}} for t in tops]})
     return 0
 

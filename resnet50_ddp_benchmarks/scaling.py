@@ -613,10 +613,9 @@ def published_losses():
     return {one: [r["lost"] for r in rows if (r["nodes"] == 1) == one] for one in (True, False)}
 
 
-def spread_text(losses):
-    """How far below their ceiling published runs fell (points): the median and the range, of how many."""
-    return (f"published runs fell {statistics.median(losses):.1f} points below (median; {min(losses):.1f} to "
-            f"{max(losses):.1f} over {len(losses)} runs)")
+def spread(losses):
+    """How far below their ceiling published runs fell, in points: (median, least, most, rows)."""
+    return statistics.median(losses), min(losses), max(losses), len(losses)
 
 
 def one_gpu_baseline(paths):
@@ -641,10 +640,9 @@ def ceiling_table(tops, per_node):
     lines = ["| strategy | GPUs | ceiling | published runs fell below it, points: median (range, rows) | exposed "
              "communication, % of the step | added kernels and optimizer, % |", "|" + "---|" * 6]
     for c in tops:
-        losses = published_losses()[c.n <= per_node]
-        spread = "- (one GPU: measured)" if c.n == 1 else (
-            f"{statistics.median(losses):.1f} ({min(losses):.1f} to {max(losses):.1f}, {len(losses)})")
-        lines.append(f"| {c.strategy} | {c.n} | {100 * c.efficiency:.1f} % | {spread} | "
+        fell = "- (one GPU: measured)" if c.n == 1 else "{:.1f} ({:.1f} to {:.1f}, {})".format(
+            *spread(published_losses()[c.n <= per_node]))
+        lines.append(f"| {c.strategy} | {c.n} | {100 * c.efficiency:.1f} % | {fell} | "
                      f"{share(c, COMMUNICATION)} | {share(c, OVERHEAD)} |")
     return "\n".join(lines)
 
@@ -664,10 +662,12 @@ def default_tops(strategies, intra="nvlink4", inter="ib-ndr400", nics=8):
 def section_answer(_=None):
     lines = ["| nodes of 8 GPUs on | joined by (NICs per node) | 8 GPUs | 64 GPUs | 512 GPUs |", "|" + "---|" * 5]
     for intra, inter, nics in (("nvlink4", "ib-ndr400", 8), ("nvlink4", "eth100", 1), ("pcie4", "eth100", 1)):
-        cells = [f"{100 * c.efficiency:.1f} %" for c in default_tops(["ddp"], intra, inter, nics)]
+        cells = [f"{100 * c.efficiency:.1f} %, " + "{:.1f} ({:.1f} to {:.1f})".format(
+            *spread(published_losses()[c.n <= 8])) for c in default_tops(["ddp"], intra, inter, nics)]
         lines.append(f"| {intra} | {inter} ({nics}) | " + " | ".join(cells) + " |")
-    return "\n".join(lines + ["", f"One node: {spread_text(published_losses()[True])}. Across nodes: "
-                              f"{spread_text(published_losses()[False])}."])
+    return "\n".join(lines + ["", "Each cell: the ceiling, then how far below theirs published runs fell, in points: "
+                              "the median (the range; {} rows on one node, {} across nodes).".format(
+                                  *map(len, published_losses().values()))])
 
 
 def section_strategies(_=None):

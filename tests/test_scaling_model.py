@@ -151,7 +151,8 @@ def test_the_command_prints_each_ceiling_with_how_far_below_published_runs_fell(
     losses = scaling.published_losses()
     for t in tops:
         if t["gpus"] > 1:
-            assert t["published_runs_fell_below"] == scaling.spread_text(losses[t["gpus"] <= 8])
+            assert t["published_runs_fell_below_points"] == dict(zip(("median", "least", "most", "rows"),
+                                                                     scaling.spread(losses[t["gpus"] <= 8])))
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| ddp |")]
     spreads = {int(row[2]): row[4].strip() for row in rows}
     for n, one_node in ((8, True), (16, False)):
