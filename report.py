@@ -43,7 +43,7 @@ nothing failed, the reference is incomparable (exit 2).
 
 Generated blocks: README.md, docs/*.md and lightning/README.md hold blocks between <!-- generated:NAME --> and
 <!-- /generated:NAME --> (the package's engine); --docs regenerates every one of them, report.py's from the
-committed results (results/) and scaling_model.py's sections, and --check-docs exits 1 when one differs.
+committed results (results/) and the package's scaling model, and --check-docs exits 1 when one differs.
 
 Exit codes: 0 fine, 1 regression or stale block, 2 unusable invocation (one line on stderr).
 """
@@ -65,6 +65,7 @@ from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, ACROSS_MACHINES, LIG
     RUN_FIELDS, SHARDING_ORDER, Config, aggregate, applies, common_window, launches, lightning_pairs, load_documents,
     load_runs, option_labels, options_agree, order, paired_ratios, peak_mib, rate, row_of, rows_by_setup,
     scaling_figures, scaling_label, scaling_series, script_defaults, unlike)
+from resnet50_ddp_benchmarks import scaling
 
 COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
 NO_RESULTS = ("No results committed yet: run the benchmarks on a GPU machine, put the result files under "
@@ -1127,7 +1128,7 @@ def lightning_answers(e):
 
 def sections(runs, comparisons):
     """{name: function of a document (its path in the repository) giving its generated block}: report.py's, from
-    the runs and comparisons, and scaling_model.py's."""
+    the runs and comparisons, and the scaling model's."""
     def answer(build):
         return lambda document: build(Evidence(runs, document))
     return {"summary": answer(summary_answers), "performance": answer(performance_answers),
@@ -1136,16 +1137,7 @@ def sections(runs, comparisons):
             "results": lambda document: render_markdown(runs, (REPOSITORY / document).parent, "##", comparisons),
             "comparisons": lambda document: comparisons_table(comparisons, (REPOSITORY / document).parent),
             "noise": lambda document: noise_table(comparisons, (REPOSITORY / document).parent),
-            **tool_module("scaling_model").SECTIONS}
-
-
-def tool_module(name):
-    """Another analysis tool of the repository (scaling_model.py), imported from its file."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, REPOSITORY / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+            **scaling.SECTIONS}
 
 
 # ---------------------------------------------------------------------------- regression check
@@ -1311,7 +1303,7 @@ def main_docs(check):
     """Regenerate (or check) every generated block of the documents, from the repository's folder."""
     runs, comparisons = load_documents([REPOSITORY / "results"])
     here = os.getcwd()
-    os.chdir(REPOSITORY)  # scaling_model.py's sections name their files relative to it
+    os.chdir(REPOSITORY)  # the scaling model's sections name their files relative to it
     try:
         blocks = sections(runs, comparisons)
         return check_documents(blocks) if check else update_documents(blocks)
@@ -1349,6 +1341,7 @@ def main(argv=None):
         print(render_sharding(runs, pathlib.Path.cwd()), end="")
     else:
         print(render_markdown(runs, pathlib.Path.cwd(), heading="##", comparisons=comparisons), end="")
+        print(scaling.ceilings_text(args.paths), end="")  # each GPU count's ceiling where the sweep probed its link
     if args.plots:
         print_plots(runs, args.plots)
     if checked is None:

@@ -8,6 +8,8 @@
 #   SWEEP_GPUS="1 2 4 8 16" SWEEP_GPUS_PER_NODE=8 slurm/scaling_sweep.sh weak   # 16 GPUs = 2 nodes x 8
 #   slurm/scaling_sweep.sh strong slurm/lightning_ddp_resnet50.sbatch --precision bf16   # another script, extra args
 #   BENCH_DEVICE=cpu SWEEP_GPUS="1 2" SWEEP_WAIT=1 slurm/scaling_sweep.sh weak            # CPU processes (CI)
+#   SWEEP_PROBE=1 slurm/scaling_sweep.sh weak    # each multi-GPU point also probes its link, for the ceiling
+#   python report.py runs/<run folder>           # then: efficiency by GPU count (and the ceiling where probed)
 #
 # Usage: slurm/scaling_sweep.sh weak|strong [SBATCH SCRIPT (default slurm/ddp_resnet50.sbatch)] [BENCHMARK ARGS...]
 # Settings (environment):
@@ -20,6 +22,10 @@
 #   BENCH_RUN_NAME         the run folder (default <weak|strong>-<script>-<UTC time>)
 #   BENCH_RESULTS_DIR      where the run folder goes (default runs/ of the current directory)
 #   SWEEP_WAIT=1           wait for every job, then print each point's status and fail unless all are ok
+#   SWEEP_PROBE=1          every point of more than one GPU runs the benchmark with --collective-probe: after its
+#                          timed steps its ranks time the collectives (the package's collective_probe.py) on the
+#                          same allocation and link, and the result keeps the fits, from which report.py prints
+#                          that count's ceiling (ddp_resnet50.sbatch and lightning_ddp_resnet50.sbatch only)
 #   sbatch's own SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_TIMELIMIT, ... choose the site's partition and account.
 set -euo pipefail
 
@@ -57,6 +63,12 @@ esac
 case "${SWEEP_WAIT:-0}" in
   0 | 1) ;;
   *) die "SWEEP_WAIT=$SWEEP_WAIT: use 1 (wait for the jobs) or 0" ;;
+esac
+case "${SWEEP_PROBE:-0}" in
+  0) ;;
+  1) [[ $(basename "$script") == *ddp_resnet50.sbatch ]] ||
+       die "SWEEP_PROBE=1: the probe runs inside ddp_resnet50.sbatch or lightning_ddp_resnet50.sbatch, not $script" ;;
+  *) die "SWEEP_PROBE=$SWEEP_PROBE: use 1 (probe each multi-GPU point's link) or 0" ;;
 esac
 if [ -n "${BENCH_CPUS_PER_TASK:-}" ] && [[ ! $BENCH_CPUS_PER_TASK =~ ^[1-9][0-9]*$ ]]; then
   die "BENCH_CPUS_PER_TASK=$BENCH_CPUS_PER_TASK is not a positive integer"
@@ -148,7 +160,11 @@ for count in "${counts[@]}"; do
   else
     options+=(--gpus-per-node="$tasks")
   fi
-  if ! job=$(cd "$root" && sbatch "${options[@]}" "$script" "$@" 2>"$sbatch_errors"); then
+  probe=()
+  if [ "${SWEEP_PROBE:-0}" = 1 ] && (( count > 1 )); then
+    probe=(--collective-probe)  # one rank measures no link
+  fi
+  if ! job=$(cd "$root" && sbatch "${options[@]}" "$script" "$@" ${probe[@]+"${probe[@]}"} 2>"$sbatch_errors"); then
     # sbatch's last line says why (e.g. "Batch job submission failed: Invalid partition name specified").
     reason=$(sed -e '/^[[:space:]]*$/d' -e 's/^sbatch: error: //' "$sbatch_errors" | tail -n 1)
     if [ "${#job_ids[@]}" = 0 ]; then

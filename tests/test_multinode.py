@@ -95,12 +95,15 @@ def two_node_jobs(two_nodes, tmp_path_factory):
 
     jobs = {"killed": submit_job("killed", "slurm/ddp_resnet50.sbatch", **ENDLESS),
             "cancelled": submit_job("cancelled", "slurm/ddp_resnet50.sbatch", **ENDLESS)}
-    # A strong-scaling sweep of the native script over one and two nodes, called from a directory outside the
-    # repository without BENCH_RESULTS_DIR, with an option of benchmark_extras.py for the benchmark.
+    # A strong-scaling sweep of the native script at 1, 2 and 4 processes (the last over both nodes), each
+    # multi-process point probing its link, called from a directory outside the repository without
+    # BENCH_RESULTS_DIR, with an option of benchmark_extras.py for the benchmark. A global batch of 8 leaves 2
+    # images per process at 4 (batch norm needs more than one value per channel).
     sweep = subprocess.Popen([ROOT / "slurm" / "scaling_sweep.sh", "strong", "--bucket-cap-mb", "10"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir,
-                             env=job_env(two_nodes, SWEEP_GPUS="1 2", SWEEP_GPUS_PER_NODE="1", SWEEP_WAIT="1",
-                                         SWEEP_POLL_S="0.5", BENCH_RUN_NAME="strong-sweep", **TINY))
+                             env=job_env(two_nodes, SWEEP_GPUS="1 2 4", SWEEP_GPUS_PER_NODE="2", SWEEP_WAIT="1",
+                                         SWEEP_PROBE="1", SWEEP_POLL_S="0.5", BENCH_GLOBAL_BATCH_SIZE="8",
+                                         BENCH_RUN_NAME="strong-sweep", **TINY))
     jobs["lightning"] = submit_job("lightning", "slurm/lightning_ddp_resnet50.sbatch", **TINY)
     # Two strategies show the sequence of strategies in one job and the per-strategy files; one instrumented step
     # (CPU mode's default is 2) keeps each short.
@@ -137,18 +140,19 @@ def node_result(run_dir, job):
     return paths[0], read_result(paths[0])
 
 
-def assert_two_nodes(job, result, hosts=True):
+def assert_two_nodes(job, result, hosts=True, per_node=1):
     """The result of a job on node1 and node2: the Slurm job, both nodes, each rank's own host (hosts: a result
     that gathered every rank's record), and the rendezvous host that the batch script derived from the node list
     (node[1-2]) and the ranks used."""
     world = result["world"]
     assert world["launcher"] == "slurm" and world["slurm_job_id"] == job.id, job.describe()
-    assert (world["num_nodes"], world["world_size"], world["devices_per_node"]) == (2, 2, 1), job.describe()
+    assert (world["num_nodes"], world["world_size"], world["devices_per_node"]) == (2, 2 * per_node, per_node), \
+        job.describe()
     if hosts:
         ranks = [(rank["rank"], rank["hostname"]) for rank in result["hardware"]["ranks"]]
-        assert ranks == [(0, "node1"), (1, "node2")], job.describe()
+        assert ranks == [(rank, f"node{1 + rank // per_node}") for rank in range(2 * per_node)], job.describe()
     assert "MASTER_ADDR=node1" in job.log and world["master_addr"] == "node1", job.describe()
-    assert f"Slurm job {job.id} on 2 node(s) x 1 task(s) (cpu)" in job.log, job.describe()
+    assert f"Slurm job {job.id} on 2 node(s) x {per_node} task(s) (cpu)" in job.log, job.describe()
 
 
 def test_a_killed_task_ends_the_job_step_even_its_hung_peer(two_nodes, two_node_jobs):
@@ -181,38 +185,40 @@ def test_scancel_ends_every_task_at_once(two_nodes, two_node_jobs):
 
 @pytest.fixture(scope="module")
 def sweep_points(two_node_jobs):
-    """The sweep's run folder and (processes, Job) for each of its points, from its sweep.tsv and the job logs
-    beside it, once the sweep has waited for its jobs."""
+    """The sweep's run folder and (processes, nodes, Job) for each of its points, from its sweep.tsv and the job
+    logs beside it, once the sweep has waited for its jobs."""
     _, sweep, _, workdir, _ = two_node_jobs
     out, err = sweep.communicate(timeout=400)
     assert sweep.returncode == 0, out + err
     run_dir = workdir / "runs" / "strong-sweep"
     rows = [line.split("\t") for line in (run_dir / "sweep.tsv").read_text().splitlines()[1:]]
-    assert [row[:4] for row in rows] == [["strong", "1", "1", "1"], ["strong", "2", "2", "1"]]
-    return run_dir, [(int(count), Job(job_id, 0, run_dir / f"ddp_resnet50-strong-{count}-{job_id}.out", out))
-                     for _, count, _, _, job_id, _ in rows]
+    assert [row[:4] for row in rows] == [["strong", "1", "1", "1"], ["strong", "2", "1", "2"],
+                                         ["strong", "4", "2", "2"]]
+    return run_dir, [(int(count), int(nodes), Job(job_id, 0, run_dir / f"ddp_resnet50-strong-{count}-{job_id}.out",
+                                                  out)) for _, count, nodes, _, job_id, _ in rows]
 
 
 def test_strong_scaling_sweep_over_one_and_two_nodes_keeps_the_global_batch(sweep_points):
     run_dir, points = sweep_points
     batches = []
-    for count, job in points:
+    for count, nodes, job in points:
         assert job.log, job.describe()  # the job log sits next to the results
         path, result = node_result(run_dir, job)
-        assert path.name == f"ddp_resnet50-{count}n1cpu-job{job.id}.json"
+        assert path.name == f"ddp_resnet50-{nodes}n{count // nodes}cpu-job{job.id}.json"
         assert result["status"] == "ok" and result["world"]["world_size"] == count, job.describe()
         config = result["config"]
         batches.append((config["batch_mode"], config["global_batch_size"], config["batch_size_per_device"]))
-    # CPU mode's default: 4 images per process at the smallest point, split over more processes.
-    assert batches == [("global", 4, 4), ("global", 4, 2)]
+        # SWEEP_PROBE=1: every point of more than one process probed its own link after its timed steps
+        assert bool(result.get("collective_probe")) == (count > 1), job.describe()
+    assert batches == [("global", 8, 8), ("global", 8, 4), ("global", 8, 2)]
 
 
 def test_native_sbatch_runs_on_two_nodes(sweep_points):
     run_dir, points = sweep_points
-    _, job = points[1]  # the two-node point
-    path = run_dir / f"ddp_resnet50-2n1cpu-job{job.id}.json"
-    result = assert_slurm_result(job, path, "ddp_resnet50.py", 2, steps=3, nodes=2)
-    assert_two_nodes(job, result)
+    _, _, job = points[2]  # the two-node point
+    path = run_dir / f"ddp_resnet50-2n2cpu-job{job.id}.json"
+    result = assert_slurm_result(job, path, "ddp_resnet50.py", 4, steps=3, nodes=2)
+    assert_two_nodes(job, result, per_node=2)
     assert manual_result_name(path), f"{path.name} fits no file-name pattern of slurm/README.md"
     # An option of benchmark_extras.py, which the script imports from the repository only when it is given.
     assert result["config"]["bucket_cap_mb"] == 10
@@ -224,8 +230,24 @@ def test_sweep_results_go_to_runs_not_to_committed_results(two_node_jobs, sweep_
     run_dir, points = sweep_points
     *_, workdir, before = two_node_jobs
     assert sorted(path.relative_to(workdir).as_posix() for path in workdir.rglob("*.json")) == sorted(
-        f"runs/strong-sweep/ddp_resnet50-{count}n1cpu-job{job.id}.json" for count, job in points)
+        f"runs/strong-sweep/ddp_resnet50-{nodes}n{count // nodes}cpu-job{job.id}.json" for count, nodes, job in points)
     assert committed_results_state() == before
+
+
+def test_the_sweeps_report_prints_a_ceiling_for_each_probed_count(sweep_points):
+    """The sweep -> report path of README's two commands: report.py on the run folder prints, for 2 and 4 processes,
+    the measured efficiency, the ceiling at the link each point probed and the points lost below it."""
+    run_dir, _ = sweep_points
+    proc = subprocess.run([sys.executable, str(ROOT / "report.py"), str(run_dir)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = {int(cells[2]): cells for cells in (line.split("|") for line in proc.stdout.splitlines())
+            if len(cells) == 9 and cells[1].strip() == "strong"}
+    assert sorted(rows) == [2, 4], proc.stdout
+    for count, cells in rows.items():
+        measured, ceiling, lost = (float(cells[i].strip(" %")) for i in (4, 5, 6))
+        assert 0 < ceiling <= 100 and lost == pytest.approx(ceiling - measured, abs=0.11), cells
+        assert f"probe (gloo, {count} ranks)" in cells[7], cells
 
 
 def test_lightning_sbatch_runs_on_two_nodes(two_nodes, two_node_jobs):
