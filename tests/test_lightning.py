@@ -165,7 +165,7 @@ def test_fixed_loss_scale_steps_as_natives(twin, fused, automatic):
             return torch.utils.data.DataLoader(range(steps), batch_size=None)
 
     tiny = Tiny()
-    plugin = MixedPrecision("16-mixed", "cpu", twin.FixedLossScaler(scale))
+    plugin = MixedPrecision("16-mixed", "cpu", twin.import_extras().FixedLossScaler(scale))
     L.Trainer(accelerator="cpu", devices=1, plugins=[plugin], max_steps=steps, barebones=True).fit(tiny)
     for native_parameter, twin_parameter in zip(native_net.parameters(), tiny.model.parameters()):
         assert torch.equal(native_parameter, twin_parameter)
