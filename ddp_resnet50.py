@@ -146,8 +146,7 @@ def main(argv=None):
 
 SCHEMA_VERSION = 2
 DEFAULT_BATCH = {"cuda": 256, "cpu": 8}
-EXIT_USAGE = 2
-EXIT_CODES = {"ok": 0, "error": 1, "desync": 3, "oom": 4}  # and 128 + N when signal N ended the run
+EXIT_CODES = {"ok": 0, "error": 1, "usage": 2, "desync": 3, "oom": 4}  # and 128 + N when signal N ended the run
 NUM_CLASSES = 1000  # ImageNet's
 REPLICA_TOLERANCE = 1e-9  # relative, between float64 sums of the parameters that DDP keeps identical on every rank
 LAUNCH_ID = uuid.uuid4().hex  # rank 0's: every result of one launch shares it (oss_benchmark.py writes several)
@@ -162,10 +161,10 @@ EXTRA_DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broad
                   "static_graph": False, "coordinate_descent_tuning": False, "comm_hook": "none", "cuda_graphs": False,
                   "stem_conv": "torchvision", "max_pool_backward": "torchvision", "batch_norm": "torchvision",
                   "collective_probe": False}
-# The fastest mode's capture and computation options, the DDP communication hooks and the collective probe: the
-# repository's package (resnet50_ddp_benchmarks/benchmark_extras.py) adds them to ddp_resnet50.py and its twin.
-PACKAGE_OPTIONS = ("--cuda-graphs", "--loss-scale", "--coordinate-descent-tuning", "--space-to-depth-stem",
-                   "--dense-max-pool-backward", "--sums-batch-norm", "--comm-hook", "--collective-probe")
+# The fastest mode's capture, tuning and computation options, the DDP communication hooks and the collective probe:
+# the repository's package (resnet50_ddp_benchmarks/benchmark_extras.py) adds them to ddp_resnet50.py and its twin.
+PACKAGE_OPTIONS = ("--cuda-graphs", "--loss-scale", "--compile-mode", "--coordinate-descent-tuning", "--comm-hook",
+                   "--space-to-depth-stem", "--dense-max-pool-backward", "--sums-batch-norm", "--collective-probe")
 RESULT_FIGURES = ("throughput", "stability", "step_time_ms", "step_times_ms_per_rank", "loss_per_step", "memory",
                   "checks", "efficiency", "failure", "hardware", "host_lead_ms", "host_lead_ms_per_rank", "wall_time_s")
 
@@ -208,17 +207,12 @@ def parse_arguments_with_extras(parser, argv, lr=0.1, package=True):
     add("--overwrite", action="store_true", help="replace an existing --output")
     add("--timeout", type=int, default=300, help="seconds a rank waits for the others (%(default)s)")
     add("--compile", action="store_true", help="torch.compile the model")
-    add("--compile-mode", choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
-        help="torch.compile's mode (implies --compile)")
-    add("--bucket-cap-mb", type=float, default=EXTRA_DEFAULTS["bucket_cap_mb"], help="DDP's gradient bucket size in "
-        "MB (%(default)s)")
-    add("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
-        help="gradients alias DDP's buckets: no copy back after the all-reduce")
-    add("--broadcast-buffers", action=argparse.BooleanOptionalAction, default=True,
-        help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward")
+    add("--bucket-cap-mb", type=float, default=EXTRA_DEFAULTS["bucket_cap_mb"], help="DDP bucket MB (%(default)s)")
+    both = argparse.BooleanOptionalAction  # --X and --no-X
+    add("--gradient-as-bucket-view", action=both, default=True, help="gradients are views into DDP's buckets")
+    add("--broadcast-buffers", action=both, default=True, help="DDP sends rank 0's buffers before each forward")
     add("--static-graph", action="store_true", help="tell DDP that the graph never changes")
-    add("--cudnn-benchmark", action=argparse.BooleanOptionalAction, help="cuDNN times its convolution algorithms in "
-        "each process and keeps the fastest (default on GPU); without it cuDNN's heuristics choose, alike everywhere")
+    add("--cudnn-benchmark", action=both, help="cuDNN times its algorithms in each process (the GPU default)")
     if package:  # one line, as written (the parser's formatter keeps it)
         parser.epilog = f"with the repository's package (pip install -e .): {' '.join(PACKAGE_OPTIONS)}"
     argv = sys.argv[1:] if argv is None else argv
@@ -299,8 +293,8 @@ def check_harness_rules(args, launch, per_device, precision, cuda_available, dev
             ((args.global_batch_size or 0) % world, f"--global-batch-size is not divisible by the world size {world}"),
             (per_device * math.ceil(args.image_size / 32) ** 2 < 2, f"batch {per_device} per device at "
              f"{args.image_size} px leaves BatchNorm one value per channel in the last stage: use more or larger"),
-            (args.output is not None and (args.output == "" or args.output.endswith(os.sep)),
-             f"--output {args.output!r} is not a file path")):
+            (args.output is not None and (args.output == "" or args.output.endswith(os.sep) or os.path.isdir(
+                args.output)), f"--output {args.output!r} is not a file path")):
         if broken:
             raise UsageError(rule)
 
@@ -315,7 +309,7 @@ def resolve_harness_config(args, launch, script, strategy, cuda_available, devic
     check_harness_rules(args, launch, per_device, precision, cuda_available, device_count, bf16_supported)
     name = f"{os.path.splitext(os.path.basename(script))[0]}-{strategy}-{world}{device}-{precision}"
     output = args.output or os.path.join("runs", f"{name}-{launch['slurm_job_id'] or os.getpid()}.json")
-    mode = args.compile_mode or ("default" if args.compile else None)
+    mode = getattr(args, "compile_mode", None) or ("default" if args.compile else None)
     layout = {"auto": "channels_last" if device == "cuda" else "contiguous"}.get(args.memory_format, args.memory_format)
     config = {**EXTRA_DEFAULTS, **vars(args), "benchmark": script, "strategy": strategy, "num_classes": NUM_CLASSES,
               "backend": "nccl" if device == "cuda" else "gloo", "batch_mode": "global" if args.global_batch_size else
@@ -332,13 +326,10 @@ def resolve_harness_config(args, launch, script, strategy, cuda_available, devic
 
 
 def output_refusal(config):
-    """Why --output cannot be written without replacing another run's file, or None: every rank checks it before
-    anything starts (a folder that cannot be written is found at the end: write_result() says so)."""
-    if os.path.isdir(config["output"]):
-        return f"--output {config['output']!r} is not a file path"
-    if os.path.lexists(config["output"]) and not config["overwrite"]:
-        return f"--output {config['output']} exists: pass --overwrite to replace it"
-    return None
+    """Why --output would replace another run's file, or None: every rank checks before anything starts (a folder
+    that cannot be written is found at the end: write_result() says so)."""
+    taken = os.path.lexists(config["output"]) and not config["overwrite"]
+    return f"--output {config['output']} exists: pass --overwrite to replace it" if taken else None
 
 
 def summarize(values):
@@ -482,22 +473,17 @@ def print_summary(result):
 
 
 def write_json_atomically(result, path, overwrite):
-    """Whole or absent for readers: a temporary file, then a rename (--overwrite) or a hard link, which fails if
-    another run wrote the path meanwhile: then beside it, the result naming where. Returns (path, problem)."""
+    """Whole or absent for readers: a temporary file in the folder, then renamed (--overwrite) or hard-linked to
+    path: the link fails where another run wrote path meanwhile, which stays as that run left it."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    temporary = os.path.join(os.path.dirname(path), f".tmp-{os.getpid()}-{time.monotonic_ns()}.json")
+    temporary = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}.json")
     try:
-        for candidate in (path, f"{os.path.splitext(path)[0]}.{os.getpid()}.json"):
-            document = {**result, "config": {**result["config"], "output": candidate}}  # where it really is
-            document = json.loads(json.dumps(document), parse_constant=lambda nan_or_infinity: None)  # JSON has none
-            with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "w") as stream:
-                stream.write(json.dumps(document, indent=1, allow_nan=False) + "\n")
-                stream.flush()
-                os.fsync(stream.fileno())
-            with contextlib.suppress(FileExistsError):  # a hard link refuses a name that another run wrote meanwhile
-                (os.replace if overwrite else os.link)(temporary, candidate)
-                return candidate, None if candidate == path else f"another run wrote --output: this is {candidate}"
-        raise FileExistsError(f"{path} and the name beside it are taken")
+        document = json.loads(json.dumps(result), parse_constant=lambda nan_or_infinity: None)  # JSON has neither
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as stream:
+            stream.write(json.dumps(document, indent=1, allow_nan=False) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        (os.replace if overwrite else os.link)(temporary, path)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
@@ -669,8 +655,9 @@ class Run:
         """Rank 0's result file and its closing lines; returns the exit code (1 when no file could be written)."""
         config, failure = self.config, self.result["failure"]
         self.result["wall_time_s"] = time.perf_counter() - self.wall_start
+        path, problem = config["output"], None
         try:
-            path, problem = write_json_atomically(self.result, config["output"], config["overwrite"])
+            write_json_atomically(self.result, path, config["overwrite"])
         except Exception as error:  # noqa: BLE001 - said in one line; the run then ends with an error code
             path = problem = f"no result written ({type(error).__name__}: {error})"
         print(f"result: {self.result['status']} -> {path}", flush=True)
@@ -681,7 +668,7 @@ class Run:
 
     def out_of_memory(self, error):
         """A one-rank run out of memory writes its "oom" result, exit code 4: batch sweeps look for the largest
-        batch that fits. Any other error is raised again: the rank says it in one line (run_guarded())."""
+        batch that fits. Any other error is raised again."""
         if self.world_size > 1 or not out_of_memory(error):
             raise error
         text = str(error).strip().splitlines()
@@ -697,19 +684,13 @@ def out_of_memory(error):
 
 
 def run_guarded(main, script):
-    """main's exit code. Bad input: one line on every rank, exit 2. An error: one line naming it, exit 1 (4 out
-    of memory), and the launcher ends the other ranks (torchrun's summary shows @record's traceback)."""
-    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or os.environ.get("LOCAL_RANK") or "0"
+    """main's exit code. Bad input: one line on every rank, exit 2. An error propagates: its traceback, which @record
+    hands to torchrun's summary, and exit 1; the launcher ends the other ranks."""
     try:
         sys.exit(main())
     except UsageError as error:
         print(f"{script}: error: {error}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USAGE)
-    except Exception as error:  # noqa: BLE001 - one line; the traceback is in torchrun's error file
-        kind, text = "oom" if out_of_memory(error) else "error", str(error).strip().splitlines()
-        print(f"{script}: {kind} on rank {rank}: {type(error).__name__}: {text[0] if text else ''}", file=sys.stderr,
-              flush=True)
-        sys.exit(EXIT_CODES[kind])
+        sys.exit(EXIT_CODES["usage"])
 
 
 # ============================================================================ end of harness

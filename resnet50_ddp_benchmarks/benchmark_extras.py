@@ -6,7 +6,7 @@ them. Every other option, DDP's and cuDNN's included, is the script's own: it ne
 framework.
 
 - the fastest mode's capture: the whole step captured in one CUDA graph (GraphedStep) and the fixed fp16 loss scale
-  that fits a graph (FixedLossScaler), and Inductor's coordinate-descent tuning;
+  that fits a graph (FixedLossScaler); its tuning: torch.compile's mode and Inductor's coordinate-descent tuning;
 - the computation options: the same ResNet-50 computed another way (space-to-depth stem, a dense max-pool
   backward, batch-norm statistics from sums), meant for compiled steps;
 - PyTorch's DDP compression hooks, and the collective probe (collective_probe.py) after the timed steps.
@@ -33,6 +33,9 @@ def add_arguments(parser, defaults):
                        help="fp16: dynamic (GradScaler, whose overflow flag the host reads every step) or a fixed power "
                             "of two S: the loss times S, the gradients times 1/S, no overflow check, no host read "
                             "(%(default)s)")
+    speed.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune",
+                                                  "max-autotune-no-cudagraphs"],
+                       help="torch.compile's mode (implies --compile); the max-autotune ones tune as the next option")
     speed.add_argument("--coordinate-descent-tuning", action="store_true",
                        help="Inductor tunes the launch settings of each kernel it generates (longer compilation)")
     ddp = parser.add_argument_group("DDP communication (the package's benchmark_extras.py)")

@@ -18,11 +18,11 @@ TINY = ["--device", "cpu", "--image-size", "32", "--warmup-steps", "2", "--steps
 DDP = ["--bucket-cap-mb", "10", "--no-broadcast-buffers", "--static-graph", "--no-gradient-as-bucket-view",
        "--no-cudnn-benchmark"]
 TABLE = ["--batch-size-per-device", "--global-batch-size", "--warmup-steps", "--steps", "--precision", "--compile",
-         "--compile-mode", "--bucket-cap-mb", "--broadcast-buffers", "--no-broadcast-buffers", "--static-graph",
+         "--bucket-cap-mb", "--broadcast-buffers", "--no-broadcast-buffers", "--static-graph",
          "--gradient-as-bucket-view", "--no-gradient-as-bucket-view", "--cudnn-benchmark", "--output", "--overwrite",
          "--timeout"]
 OWN = {NATIVE: [], LIGHTNING: ["--lightning-matched", "--devices"], OSS: ["--strategy", "--optimizer"]}
-PACKAGE = ["--cuda-graphs", "--loss-scale", "--coordinate-descent-tuning", "--space-to-depth-stem",
+PACKAGE = ["--cuda-graphs", "--loss-scale", "--compile-mode", "--coordinate-descent-tuning", "--space-to-depth-stem",
            "--dense-max-pool-backward", "--sums-batch-norm", "--comm-hook", "--collective-probe"]
 
 

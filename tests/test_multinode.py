@@ -96,8 +96,8 @@ def two_node_jobs(two_nodes, tmp_path_factory):
     jobs = {"killed": submit_job("killed", "slurm/ddp_resnet50.sbatch", **ENDLESS),
             "cancelled": submit_job("cancelled", "slurm/ddp_resnet50.sbatch", **ENDLESS)}
     # A strong-scaling sweep of the native script over one and two nodes, called from a directory outside the
-    # repository without BENCH_RESULTS_DIR, with an option of benchmark_extras.py for the benchmark.
-    sweep = subprocess.Popen([ROOT / "slurm" / "scaling_sweep.sh", "strong", "--bucket-cap-mb", "10"],
+    # repository without BENCH_RESULTS_DIR, with an option of the package for the benchmark.
+    sweep = subprocess.Popen([ROOT / "slurm" / "scaling_sweep.sh", "strong", "--comm-hook", "fp16_compress"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir,
                              env=job_env(two_nodes, SWEEP_GPUS="1 2", SWEEP_GPUS_PER_NODE="1", SWEEP_WAIT="1",
                                          SWEEP_POLL_S="0.5", BENCH_RUN_NAME="strong-sweep", **TINY))
@@ -214,8 +214,8 @@ def test_native_sbatch_runs_on_two_nodes(sweep_points):
     result = assert_slurm_result(job, path, "ddp_resnet50.py", 2, steps=3, nodes=2)
     assert_two_nodes(job, result)
     assert manual_result_name(path), f"{path.name} fits no file-name pattern of slurm/README.md"
-    # An option of benchmark_extras.py, which the script imports from the repository only when it is given.
-    assert result["config"]["bucket_cap_mb"] == 10
+    # An option of the package, which the script imports only when one of its options is given.
+    assert result["config"]["comm_hook"] == "fp16_compress"
     assert job.closing_files() == [str(path)], job.describe()
 
 

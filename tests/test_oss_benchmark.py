@@ -228,7 +228,6 @@ def test_parameters_out_of_sync_are_reported_and_the_launch_goes_on(tmp_path):
     (["--device", "cpu", "--strategy", "zero1_overlap"], "--strategy zero1_overlap cannot run on gloo"),
     (["--table", "x.json"], "unrecognized arguments: --table"),  # report.py --sharding reads result files
     (["--compile"], "--compile is not offered here"),
-    (["--compile-mode", "default"], "--compile is not offered here"),
     (["--device", "cpu", "--strategy", "ddp", "--collective-probe"], "unrecognized arguments: --collective-probe"),
     (["--comm-hook", "bf16_compress"], "unrecognized arguments: --comm-hook"),  # no speed options here
     (["--model", "vgg16"], "invalid choice: 'vgg16'"),
