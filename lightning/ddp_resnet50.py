@@ -359,8 +359,8 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 
 def parse_arguments_with_extras(parser, argv, lr=0.1, package=True):
-    """Every script's options, DDP's included; the package's (package: the script has them) join when one is given
-    or -h. A script copied alone names them in its --help and refuses them."""
+    """Every script's options, DDP's included; the package's join (package: the script takes them) when one is given,
+    and for --help where it is found. A script copied alone names them in its epilog and refuses them by name."""
     add = parser.add_argument
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument("--batch-size-per-device", type=int, help="weak scaling: images per device (256 on GPU, 8 on "
@@ -381,7 +381,7 @@ def parse_arguments_with_extras(parser, argv, lr=0.1, package=True):
     add("--overwrite", action="store_true", help="replace an existing --output")
     add("--timeout", type=int, default=300, help="seconds a rank waits for the others (%(default)s)")
     add("--compile", action="store_true", help="torch.compile the model")
-    add("--bucket-cap-mb", type=float, default=EXTRA_DEFAULTS["bucket_cap_mb"], help="DDP bucket MB (%(default)s)")
+    add("--bucket-cap-mb", type=float, default=25.0, help="DDP's gradient bucket size in MB (%(default)s)")
     both = argparse.BooleanOptionalAction  # --X and --no-X
     add("--gradient-as-bucket-view", action=both, default=True, help="gradients are views into DDP's buckets")
     add("--broadcast-buffers", action=both, default=True, help="DDP sends rank 0's buffers before each forward")

@@ -30,9 +30,9 @@ def add_arguments(parser, defaults):
                        help="capture the whole training step (forward, backward with DDP's all-reduce, optimizer step) "
                             "in one CUDA graph as the last warm-up step, then replay it")
     speed.add_argument("--loss-scale", default="dynamic",
-                       help="fp16: dynamic (GradScaler, whose overflow flag the host reads every step) or a fixed power "
-                            "of two S: the loss times S, the gradients times 1/S, no overflow check, no host read "
-                            "(%(default)s)")
+                       help="fp16: dynamic (GradScaler, whose overflow flag the host reads every step) or a fixed "
+                            "power of two S: the loss times S, the gradients times 1/S, no overflow check, no host "
+                            "read (%(default)s)")
     speed.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune",
                                                   "max-autotune-no-cudagraphs"],
                        help="torch.compile's mode (implies --compile); the max-autotune ones tune as the next option")
@@ -49,8 +49,8 @@ def add_arguments(parser, defaults):
     computation = parser.add_argument_group("computation options: the same model computed another way, for compiled "
                                             "steps (the package's benchmark_extras.py)")
     computation.add_argument("--space-to-depth-stem", action="store_true",
-                             help="ResNet's 7x7 stride-2 first convolution as the equal 4x4 stride-1 convolution of the "
-                                  "image cut into 2x2 blocks of 12 channels (padded to 16)")
+                             help="ResNet's 7x7 stride-2 first convolution as the equal 4x4 stride-1 convolution of "
+                                  "the image cut into 2x2 blocks of 12 channels (padded to 16)")
     computation.add_argument("--dense-max-pool-backward", action="store_true",
                              help="the stem's max-pool gradient from strided reads of the windows that hold each "
                                   "input position and their saved argmax, instead of a gather through the indices")

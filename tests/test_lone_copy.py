@@ -130,7 +130,8 @@ def test_help_shows_the_options_and_names_the_packages_in_one_line_which_exit_2_
         assert code == "0" and set(TABLE + OWN[script]) <= flags, (script.name, set(TABLE + OWN[script]) - flags)
         naming = [line for line in text.splitlines() if all(option in line for option in PACKAGE)]
         assert len(naming) == (script != OSS), naming  # nothing of the sharding script's needs the package
-        assert not [line for line in text.splitlines() if line.startswith(tuple(f"  {o}" for o in PACKAGE))]  # none offered
+        offered = [line for line in text.splitlines() if line.startswith(tuple(f"  {o}" for o in PACKAGE))]
+        assert not offered, offered
     for command, (_, code), err in zip(commands[3:], runs[3:], errs[3:]):
         lines = [line for line in err.splitlines() if line.strip()]
         assert code == "2" and len(lines) == 1 and "Traceback" not in err, (command, code, err)
