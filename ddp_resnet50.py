@@ -41,7 +41,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
@@ -66,14 +65,10 @@ def train_step(model, optimizer, scaler, images, labels, config):
                         cache_enabled=not config["cuda_graphs"]):
         loss = F.cross_entropy(model(images), labels)
     optimizer.zero_grad(set_to_none=True)
-    if scaler is not None:  # fp16's dynamic loss scale
+    if scaler is not None:  # fp16's loss scale: the dynamic GradScaler, or the package's fixed one
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
-    elif config["loss_scale"] not in (None, "dynamic"):  # a fixed fp16 loss scale: no overflow check
-        (loss * config["loss_scale"]).backward()
-        import_extras().unscale_gradients(optimizer.param_groups[0]["params"], config["loss_scale"])
-        optimizer.step()
     else:
         loss.backward()
         optimizer.step()
@@ -99,6 +94,8 @@ def build_step(run):
             model.register_comm_hook(None, import_extras().comm_hook(config))
     optimizer = make_sgd(model.parameters(), config)
     scaler = torch.amp.GradScaler(device.type) if config["grad_scaler"] else None
+    if config["loss_scale"] not in (None, "dynamic"):  # fixed: no overflow check, nothing read on the host
+        scaler = import_extras().FixedLossScaler(config["loss_scale"])
     if config["compile"]:
         model = torch.compile(model, mode=None if config["compile_mode"] == "default" else config["compile_mode"])
     images, labels = run.synthetic_batch()
@@ -149,8 +146,7 @@ def main(argv=None):
 
 SCHEMA_VERSION = 2
 DEFAULT_BATCH = {"cuda": 256, "cpu": 8}
-EXIT_USAGE = 2
-EXIT_CODES = {"ok": 0, "error": 1, "desync": 3, "oom": 4}  # and 128 + N when signal N ended the run
+EXIT_CODES = {"ok": 0, "error": 1, "usage": 2, "desync": 3, "oom": 4}  # and 128 + N when signal N ended the run
 NUM_CLASSES = 1000  # ImageNet's
 REPLICA_TOLERANCE = 1e-9  # relative, between float64 sums of the parameters that DDP keeps identical on every rank
 LAUNCH_ID = uuid.uuid4().hex  # rank 0's: every result of one launch shares it (oss_benchmark.py writes several)
@@ -160,11 +156,15 @@ PEAK_TFLOPS = {"H200": (989.0, 494.0), "H100": (989.0, 494.0), "A100": (312.0, 1
 # Environment variables that change what a run measures: recorded with the software.
 TUNING_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCHINDUCTOR_", "TORCH_CUDNN_", "TORCH_SYMM_MEM_", "PYTORCH_", "CUDA_",
                    "CUBLAS_", "CUDNN_", "NVSHMEM_", "OMP_", "MKL_")
-# What benchmark_extras.py's options record when none is given: their defaults, passed to its add_arguments.
+# What the DDP options and the package's record when not given (the package's: passed to its add_arguments).
 EXTRA_DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broadcast_buffers": True,
                   "static_graph": False, "coordinate_descent_tuning": False, "comm_hook": "none", "cuda_graphs": False,
                   "stem_conv": "torchvision", "max_pool_backward": "torchvision", "batch_norm": "torchvision",
                   "collective_probe": False}
+# The fastest mode's capture, tuning and computation options, the DDP communication hooks and the collective probe:
+# the repository's package (resnet50_ddp_benchmarks/benchmark_extras.py) adds them to ddp_resnet50.py and its twin.
+PACKAGE_OPTIONS = ("--cuda-graphs", "--loss-scale", "--compile-mode", "--coordinate-descent-tuning", "--comm-hook",
+                   "--space-to-depth-stem", "--dense-max-pool-backward", "--sums-batch-norm", "--collective-probe")
 RESULT_FIGURES = ("throughput", "stability", "step_time_ms", "step_times_ms_per_rank", "loss_per_step", "memory",
                   "checks", "efficiency", "failure", "hardware", "host_lead_ms", "host_lead_ms_per_rank", "wall_time_s")
 
@@ -177,18 +177,16 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     """Errors as UsageError; no abbreviations: an option added later must not change what a command line means."""
 
     def __init__(self, prog=None, description=None, **options):
-        super().__init__(prog=prog, description=description, allow_abbrev=False, **options)
+        super().__init__(prog=prog, description=description, allow_abbrev=False,
+                         formatter_class=argparse.RawDescriptionHelpFormatter, **options)
 
     def error(self, message):
         raise UsageError(message)
 
-    def format_help(self):  # an option whose default is None (set by the script, or chosen at run time) shows none
-        return super().format_help().replace(" (None)", "")
 
-
-def parse_arguments_with_extras(parser, argv, **defaults):
-    """Every script's options (defaults: a script's own, for --lr); benchmark_extras.py's join when the command line
-    has one the script lacks, or -h (a script copied alone shows its own)."""
+def parse_arguments_with_extras(parser, argv, lr=0.1, package=True):
+    """Every script's options, DDP's included; the package's join (package: the script takes them) when one is given,
+    and for --help where it is found. A script copied alone names them in its epilog and refuses them by name."""
     add = parser.add_argument
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument("--batch-size-per-device", type=int, help="weak scaling: images per device (256 on GPU, 8 on "
@@ -202,27 +200,36 @@ def parse_arguments_with_extras(parser, argv, **defaults):
         help="auto: channels_last on GPU, contiguous on CPU")
     add("--device", choices=["cuda", "cpu"], default="cuda", help="cuda (NCCL) or cpu (gloo) (%(default)s)")
     add("--image-size", type=int, default=224, help="square input size (%(default)s)")
-    add("--lr", type=float, default=defaults.get("lr", 0.1), help="learning rate (%(default)s)")
+    add("--lr", type=float, default=lr, help=f"learning rate ({lr})" if lr else "learning rate (the optimizer's own)")
     add("--momentum", type=float, default=0.9, help="SGD momentum (%(default)s)")
     add("--seed", type=int, default=0, help="weights; rank r's data uses seed + 1 + r (%(default)s)")
     add("--output", help="result JSON (runs/<script>-<strategy>-<world><device>-<precision>-<job or pid>.json)")
     add("--overwrite", action="store_true", help="replace an existing --output")
     add("--timeout", type=int, default=300, help="seconds a rank waits for the others (%(default)s)")
     add("--compile", action="store_true", help="torch.compile the model")
+    add("--bucket-cap-mb", type=float, default=25.0, help="DDP's gradient bucket size in MB (%(default)s)")
+    both = argparse.BooleanOptionalAction  # --X and --no-X
+    add("--gradient-as-bucket-view", action=both, default=True, help="gradients are views into DDP's buckets")
+    add("--broadcast-buffers", action=both, default=True, help="DDP sends rank 0's buffers before each forward")
+    add("--static-graph", action="store_true", help="tell DDP that the graph never changes")
+    add("--cudnn-benchmark", action=both, help="cuDNN times its algorithms in each process (the GPU default)")
+    if package:  # one line, as written (the parser's formatter keeps it)
+        parser.epilog = f"with the repository's package (pip install -e .): {' '.join(PACKAGE_OPTIONS)}"
     argv = sys.argv[1:] if argv is None else argv
-    if {"-h", "--help"} & set(argv):  # the extras' options too, where the package is found
+    given = [text.split("=")[0] for text in argv if text.split("=")[0] in PACKAGE_OPTIONS] if package else []
+    if given:
+        import_extras(given[0]).add_arguments(parser, EXTRA_DEFAULTS)
+    elif package and {"-h", "--help"} & set(argv):  # their help in full, where the package is found
         with contextlib.suppress(UsageError):
             import_extras().add_arguments(parser, EXTRA_DEFAULTS)
-    elif parser.parse_known_args(argv)[1]:
-        import_extras().add_arguments(parser, EXTRA_DEFAULTS)
     return parser.parse_args(argv)
 
 
-def import_extras():
+def import_extras(option="this option"):
     """The repository's package: installed (pip install -e .), or beside a script run from a clone."""
     with contextlib.suppress(ModuleNotFoundError):
         return importlib.import_module("resnet50_ddp_benchmarks.benchmark_extras")
-    raise UsageError("this option needs the repository's package (pip install -e . in a clone)")
+    raise UsageError(f"{option} needs the repository's package (pip install -e . in a clone)")
 
 
 def launcher_integer(env, name, default=None, high=10**9):
@@ -274,6 +281,9 @@ def check_harness_rules(args, launch, per_device, precision, cuda_available, dev
              "--lr must be positive, --momentum finite and not negative"),
             (not (0 <= args.seed < 2**62 and 0 < args.timeout <= 7 * 86400),
              "--seed must be from 0 to 2**62 - 1, --timeout from 1 to 604800 seconds"),
+            (not 0 < args.bucket_cap_mb <= 1e6, "--bucket-cap-mb must be above 0 and at most 1e6"),
+            (device == "cpu" and args.cudnn_benchmark, "--cudnn-benchmark needs --device cuda: it times cuDNN's GPU "
+                                                       "convolution algorithms"),
             (device == "cuda" and not (cuda_available and device_count),
              "--device cuda needs a CUDA GPU and none is visible (use --device cpu for a CPU run)"),
             (device == "cuda" and launch["local_world_size"] > device_count and launch["launcher"] != "slurm",
@@ -283,8 +293,8 @@ def check_harness_rules(args, launch, per_device, precision, cuda_available, dev
             ((args.global_batch_size or 0) % world, f"--global-batch-size is not divisible by the world size {world}"),
             (per_device * math.ceil(args.image_size / 32) ** 2 < 2, f"batch {per_device} per device at "
              f"{args.image_size} px leaves BatchNorm one value per channel in the last stage: use more or larger"),
-            (args.output is not None and (args.output == "" or args.output.endswith(os.sep)),
-             f"--output {args.output!r} is not a file path")):
+            (args.output is not None and (args.output == "" or args.output.endswith(os.sep) or os.path.isdir(
+                args.output)), f"--output {args.output!r} is not a file path")):
         if broken:
             raise UsageError(rule)
 
@@ -306,39 +316,20 @@ def resolve_harness_config(args, launch, script, strategy, cuda_available, devic
               "per_device", "batch_size_per_device": per_device, "global_batch_size": per_device * world,
               "precision_requested": args.precision, "precision": precision, "grad_scaler": precision == "fp16",
               "tf32": device == "cuda", "memory_format_requested": args.memory_format, "memory_format": layout,
-              "cudnn_benchmark": vars(args).get("cudnn_benchmark", device == "cuda"), "cudnn_benchmark_limit": None,
+              "cudnn_benchmark": device == "cuda" and args.cudnn_benchmark is not False, "cudnn_benchmark_limit": None,
               "timeout_s": args.timeout, "output": os.path.abspath(output), "compile": mode is not None,
               "compile_mode": mode, "compiled_ddp": "ddp_optimizer" if mode and world > 1 else None,
               "loss_scale": "dynamic" if precision == "fp16" else None}
-    if hasattr(args, "bucket_cap_mb"):  # benchmark_extras.py's options are on the command line
+    if hasattr(args, "cuda_graphs"):  # the package's options are on the command line
         import_extras().resolve_options(args, config, world, UsageError)
     return config
 
 
 def output_refusal(config):
-    """Why --output cannot be written without replacing another run's file, or None. Every rank checks it before
-    anything starts, and makes nothing: a probe in the nearest existing folder proves it writable, and able to
-    hard-link unless --overwrite (write_json_atomically() links)."""
-    output, overwrite = config["output"], config["overwrite"]
-    if os.path.isdir(output):
-        return f"--output {output!r} is not a file path"
-    if os.path.lexists(output) and not overwrite:
-        return f"--output {output} exists: pass --overwrite to replace it"
-    if len(output.encode()) >= 4096 or max(len(name.encode()) for name in output.split(os.sep)) > 255:
-        return f"--output {output[:40]}...: the path or a name in it is longer than the system allows"
-    folder = os.path.dirname(output)
-    while not os.path.lexists(folder):
-        folder = os.path.dirname(folder)
-    try:
-        with tempfile.TemporaryDirectory(prefix=".probe-", dir=folder) as probe:
-            open(os.path.join(probe, "file"), "w").close()
-            if not overwrite:
-                os.link(os.path.join(probe, "file"), os.path.join(probe, "link"))
-    except OSError as error:
-        if error.filename2:  # the link
-            return f"--output folder {folder} cannot hold hard links ({error.strerror}): use another, or --overwrite"
-        return f"--output folder {os.path.dirname(output)} cannot be written ({error.strerror})"
-    return None
+    """Why --output would replace another run's file, or None: every rank checks before anything starts (a folder
+    that cannot be written is found at the end: write_result() says so)."""
+    taken = os.path.lexists(config["output"]) and not config["overwrite"]
+    return f"--output {config['output']} exists: pass --overwrite to replace it" if taken else None
 
 
 def summarize(values):
@@ -371,8 +362,6 @@ def collect_environment(device, rank):
     described = (output_of("git", "-C", os.path.dirname(__file__) or ".", "describe", "--always", "--dirty",
                            "--exclude=*", "--abbrev=40") or [None])[0]
     git = {"commit": described and described[:40], "dirty": described and described.endswith("-dirty")}
-    if os.environ.get("BENCH_GIT_COMMIT"):  # a copy of the tree (a cluster's) may carry a .git that is not the code
-        git = {"commit": os.environ["BENCH_GIT_COMMIT"], "dirty": os.environ.get("BENCH_GIT_DIRTY") == "1"}
     hardware = {"rank": rank, "hostname": socket.gethostname(), "device": str(device)}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -407,11 +396,8 @@ def make_sgd(parameters, config):
 def flops_per_image(config):
     """Training FLOPs of one image (forward and backward), counted on the meta device by PyTorch's counter."""
     from torch.utils.flop_counter import FlopCounterMode
-    try:
-        with torch.device("meta"):
-            model = build_model(config["model"])
-    except NotImplementedError:  # an initialisation that needs real numbers
-        model = build_model(config["model"]).to("meta")
+    with torch.device("meta"):
+        model = build_model(config["model"])
     with FlopCounterMode(display=False) as counter:
         model(torch.empty(2, 3, config["image_size"], config["image_size"], device="meta")).float().sum().backward()
     return counter.get_total_flops() / 2
@@ -487,25 +473,17 @@ def print_summary(result):
 
 
 def write_json_atomically(result, path, overwrite):
-    """Whole or absent for readers: a temporary file, then a rename (--overwrite) or a hard link, which fails if
-    another run wrote the path meanwhile: then beside it, the result naming where. Returns (path, problem)."""
+    """Whole or absent for readers: a temporary file in the folder, then renamed (--overwrite) or hard-linked to
+    path: the link fails where another run wrote path meanwhile, which stays as that run left it."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    temporary = os.path.join(os.path.dirname(path), f".tmp-{os.getpid()}-{time.monotonic_ns()}.json")
+    temporary = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}.json")
     try:
-        for candidate in (path, f"{os.path.splitext(path)[0]}.{os.getpid()}.json"):
-            document = {**result, "config": {**result["config"], "output": candidate}}  # where it really is
-            document = json.loads(json.dumps(document), parse_constant=lambda nan_or_infinity: None)  # JSON has none
-            with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "w") as stream:
-                stream.write(json.dumps(document, indent=1, allow_nan=False) + "\n")
-                stream.flush()
-                os.fsync(stream.fileno())
-            if overwrite:
-                os.replace(temporary, candidate)
-                return candidate, None
-            with contextlib.suppress(FileExistsError):
-                os.link(temporary, candidate)
-                return candidate, None if candidate == path else f"another run wrote --output: this is {candidate}"
-        raise FileExistsError(f"{path} and the name beside it are taken")
+        document = json.loads(json.dumps(result), parse_constant=lambda nan_or_infinity: None)  # JSON has neither
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as stream:
+            stream.write(json.dumps(document, indent=1, allow_nan=False) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        (os.replace if overwrite else os.link)(temporary, path)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
@@ -677,8 +655,9 @@ class Run:
         """Rank 0's result file and its closing lines; returns the exit code (1 when no file could be written)."""
         config, failure = self.config, self.result["failure"]
         self.result["wall_time_s"] = time.perf_counter() - self.wall_start
+        path, problem = config["output"], None
         try:
-            path, problem = write_json_atomically(self.result, config["output"], config["overwrite"])
+            write_json_atomically(self.result, path, config["overwrite"])
         except Exception as error:  # noqa: BLE001 - said in one line; the run then ends with an error code
             path = problem = f"no result written ({type(error).__name__}: {error})"
         print(f"result: {self.result['status']} -> {path}", flush=True)
@@ -689,7 +668,7 @@ class Run:
 
     def out_of_memory(self, error):
         """A one-rank run out of memory writes its "oom" result, exit code 4: batch sweeps look for the largest
-        batch that fits. Any other error is raised again: the rank says it in one line (run_guarded())."""
+        batch that fits. Any other error is raised again."""
         if self.world_size > 1 or not out_of_memory(error):
             raise error
         text = str(error).strip().splitlines()
@@ -705,19 +684,13 @@ def out_of_memory(error):
 
 
 def run_guarded(main, script):
-    """main's exit code. Bad input: one line on every rank, exit 2. An error: one line naming it, exit 1 (4 out
-    of memory), and the launcher ends the other ranks (torchrun's summary shows @record's traceback)."""
-    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or os.environ.get("LOCAL_RANK") or "0"
+    """main's exit code. Bad input: one line on every rank, exit 2. An error propagates: its traceback, which @record
+    hands to torchrun's summary, and exit 1; the launcher ends the other ranks."""
     try:
         sys.exit(main())
     except UsageError as error:
         print(f"{script}: error: {error}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USAGE)
-    except Exception as error:  # noqa: BLE001 - one line; the traceback is in torchrun's error file
-        kind, text = "oom" if out_of_memory(error) else "error", str(error).strip().splitlines()
-        print(f"{script}: {kind} on rank {rank}: {type(error).__name__}: {text[0] if text else ''}", file=sys.stderr,
-              flush=True)
-        sys.exit(EXIT_CODES[kind])
+        sys.exit(EXIT_CODES["usage"])
 
 
 # ============================================================================ end of harness

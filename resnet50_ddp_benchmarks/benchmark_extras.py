@@ -1,73 +1,56 @@
-"""Optional extras of the benchmark scripts, imported only when one of their options is given.
+"""The benchmark scripts' options that need the repository's package, imported only when one of them is given.
 
-ddp_resnet50.py, lightning/ddp_resnet50.py and oss_benchmark.py import this module from the repository's package and add
-its options to their command line when the command line has one of them
-(or asks for --help). Without these options every script needs only torch, torchvision and its framework.
+ddp_resnet50.py and lightning/ddp_resnet50.py add these options to their command line when one of them is given (or
+--help asks, where the package is found); a script copied alone names them in one line of its --help and refuses
+them. Every other option, DDP's and cuDNN's included, is the script's own: it needs only torch, torchvision and its
+framework.
 
-- DDP's tuning options (bucket size, bucket views, buffer broadcast, static graph) and cuDNN's autotuning switch;
-- the speed options of the scripts that own the whole training step (ddp_resnet50.py and its Lightning twin):
-  torch.compile's mode and Inductor's coordinate-descent tuning, PyTorch's DDP compression hooks, a fixed fp16 loss
-  scale, the whole step captured in one CUDA graph (GraphedStep);
+- the fastest mode's capture: the whole step captured in one CUDA graph (GraphedStep) and the fixed fp16 loss scale
+  that fits a graph (FixedLossScaler); its tuning: torch.compile's mode and Inductor's coordinate-descent tuning;
 - the computation options: the same ResNet-50 computed another way (space-to-depth stem, a dense max-pool
-  backward, batch-norm statistics from sums), meant for compiled steps.
+  backward, batch-norm statistics from sums), meant for compiled steps;
+- PyTorch's DDP compression hooks, and the collective probe (collective_probe.py) after the timed steps.
 """
-import argparse
 import math
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
-WHOLE_STEP_SCRIPTS = ("ddp_resnet50.py", "lightning/ddp_resnet50.py")
 COMPUTATION_OPTIONS = {"space_to_depth_stem": ("stem_conv", "space_to_depth"),
                        "dense_max_pool_backward": ("max_pool_backward", "dense"),
                        "sums_batch_norm": ("batch_norm", "sums")}
 
 
 def add_arguments(parser, defaults):
-    """This module's options on a script's parser (the speed options only for the scripts that own the step), with
-    the defaults the script records when an option is not given (its EXTRA_DEFAULTS: the one place they live)."""
-    ddp = parser.add_argument_group("DDP and cuDNN (benchmark_extras.py)")
-    ddp.add_argument("--bucket-cap-mb", type=float, default=defaults["bucket_cap_mb"],
-                     help="DDP gradient bucket size in MB (%(default)s)")
-    ddp.add_argument("--gradient-as-bucket-view", action=argparse.BooleanOptionalAction,
-                     default=defaults["gradient_as_bucket_view"],
-                     help="gradients alias DDP's buckets: no copy back after the all-reduce")
-    ddp.add_argument("--broadcast-buffers", action=argparse.BooleanOptionalAction,
-                     default=defaults["broadcast_buffers"],
-                     help="DDP broadcasts rank 0's buffers (BatchNorm statistics) before every forward")
-    ddp.add_argument("--static-graph", action="store_true", help="tell DDP that the graph never changes")
-    ddp.add_argument("--collective-probe", action="store_true",
-                     help="after the timed steps, time all-reduce, broadcast, all-gather and reduce-scatter over a "
-                          "sweep of sizes and record their fitted latency and bus bandwidth in the result "
-                          "(the package's collective_probe.py; scaling_model.py reads them)")
-    ddp.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction,
-                     help="cuDNN times its convolution algorithms in each process and keeps the fastest (default on "
-                          "GPU); without it cuDNN's heuristics choose, the same in every process")
-    if parser.prog not in WHOLE_STEP_SCRIPTS:
-        return
-    speed = parser.add_argument_group("speed options (benchmark_extras.py)")
-    speed.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune",
-                                                  "max-autotune-no-cudagraphs"], help="torch.compile's mode (implies --compile)")
-    speed.add_argument("--coordinate-descent-tuning", action="store_true",
-                       help="Inductor tunes the launch settings of each kernel it generates (longer compilation)")
-    speed.add_argument("--comm-hook", choices=["none", "bf16_compress", "fp16_compress"],
-                       default=defaults["comm_hook"],
-                       help="PyTorch's DDP compression hooks: each bucket all-reduced in bf16 or fp16 (half the bytes) "
-                            "(%(default)s)")
+    """This module's options on a script's parser, with the defaults the script records when an option is not
+    given (its EXTRA_DEFAULTS: the one place they live). The script lists their names in its PACKAGE_OPTIONS."""
+    speed = parser.add_argument_group("the fastest mode's capture and tuning (the package's benchmark_extras.py)")
     speed.add_argument("--cuda-graphs", action="store_true",
                        help="capture the whole training step (forward, backward with DDP's all-reduce, optimizer step) "
                             "in one CUDA graph as the last warm-up step, then replay it")
     speed.add_argument("--loss-scale", default="dynamic",
-                       help="fp16: dynamic (GradScaler, whose overflow flag the host reads every step) or a fixed power "
-                            "of two S: the loss times S, the gradients times 1/S, no overflow check, no host read "
-                            "(%(default)s)")
+                       help="fp16: dynamic (GradScaler, whose overflow flag the host reads every step) or a fixed "
+                            "power of two S: the loss times S, the gradients times 1/S, no overflow check, no host "
+                            "read (%(default)s)")
+    speed.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune",
+                                                  "max-autotune-no-cudagraphs"],
+                       help="torch.compile's mode (implies --compile); the max-autotune ones tune as the next option")
+    speed.add_argument("--coordinate-descent-tuning", action="store_true",
+                       help="Inductor tunes the launch settings of each kernel it generates (longer compilation)")
+    ddp = parser.add_argument_group("DDP communication (the package's benchmark_extras.py)")
+    ddp.add_argument("--comm-hook", choices=["none", "bf16_compress", "fp16_compress"], default=defaults["comm_hook"],
+                     help="PyTorch's DDP compression hooks: each bucket all-reduced in bf16 or fp16 (half the bytes) "
+                          "(%(default)s)")
+    ddp.add_argument("--collective-probe", action="store_true",
+                     help="after the timed steps, time all-reduce, broadcast, all-gather and reduce-scatter over a "
+                          "sweep of sizes and record their fitted latency and bus bandwidth in the result "
+                          "(the package's collective_probe.py; scaling_model.py reads them)")
     computation = parser.add_argument_group("computation options: the same model computed another way, for compiled "
-                                            "steps (benchmark_extras.py)")
+                                            "steps (the package's benchmark_extras.py)")
     computation.add_argument("--space-to-depth-stem", action="store_true",
-                             help="ResNet's 7x7 stride-2 first convolution as the equal 4x4 stride-1 convolution of the "
-                                  "image cut into 2x2 blocks of 12 channels (padded to 16)")
+                             help="ResNet's 7x7 stride-2 first convolution as the equal 4x4 stride-1 convolution of "
+                                  "the image cut into 2x2 blocks of 12 channels (padded to 16)")
     computation.add_argument("--dense-max-pool-backward", action="store_true",
                              help="the stem's max-pool gradient from strided reads of the windows that hold each "
                                   "input position and their saved argmax, instead of a gather through the indices")
@@ -82,14 +65,9 @@ def resolve_options(args, config, world_size, UsageError):
     for option, (key, value) in COMPUTATION_OPTIONS.items():
         config[key] = value if config.pop(option, False) else "torchvision"
     cuda, fp16 = config["device"] == "cuda", config["precision"] == "fp16"
-    if not 0 < config["bucket_cap_mb"] <= 1e6:
-        raise UsageError("--bucket-cap-mb must be above 0 and at most 1e6")
-    if config.get("collective_probe") and world_size < 2:
+    if config["collective_probe"] and world_size < 2:
         raise UsageError("--collective-probe needs several ranks: it times the collectives between them")
-    if args.cudnn_benchmark and not cuda:
-        raise UsageError("--cudnn-benchmark needs --device cuda: it times cuDNN's GPU convolution algorithms")
-    config["cudnn_benchmark"] = cuda and args.cudnn_benchmark is not False
-    loss_scale = getattr(args, "loss_scale", "dynamic")
+    loss_scale = args.loss_scale
     if loss_scale != "dynamic":
         try:
             loss_scale = float(loss_scale)
@@ -98,11 +76,11 @@ def resolve_options(args, config, world_size, UsageError):
         if not (fp16 and 1 <= loss_scale <= 2**24 and math.frexp(loss_scale)[0] == 0.5):
             raise UsageError("--loss-scale must be dynamic or a power of two from 1 to 2**24, with --precision fp16")
         config.update(loss_scale=loss_scale, grad_scaler=False)
-    graphs, mode = config.get("cuda_graphs", False), config["compile_mode"]
+    graphs, mode = config["cuda_graphs"], config["compile_mode"]
     for broken, rule in (
-            (config.get("coordinate_descent_tuning") and not config["compile"],
+            (config["coordinate_descent_tuning"] and not config["compile"],
              "--coordinate-descent-tuning needs --compile: it tunes Inductor's kernels"),
-            (config.get("comm_hook", "none") != "none" and graphs,
+            (config["comm_hook"] != "none" and graphs,
              "--comm-hook does not combine with --cuda-graphs: the hook copies each bucket back after the capture"),
             (graphs and not cuda, "--cuda-graphs needs --device cuda"),
             (graphs and mode in ("reduce-overhead", "max-autotune"),
@@ -118,7 +96,7 @@ def resolve_options(args, config, world_size, UsageError):
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"  # NCCL's watchdog must not poll captured work
     if config["compile"]:
         import torch._inductor.config as inductor_config
-        inductor_config.coordinate_descent_tuning |= bool(config.get("coordinate_descent_tuning"))
+        inductor_config.coordinate_descent_tuning |= config["coordinate_descent_tuning"]
         # what runs: the option, TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, or a max-autotune mode (which sets it)
         config["coordinate_descent_tuning"] = bool(inductor_config.coordinate_descent_tuning) or mode.startswith(
             "max-autotune")
@@ -141,6 +119,34 @@ def comm_hook(config):
 def unscale_gradients(parameters, loss_scale):
     """A fixed fp16 loss scale undone: every gradient times 1/S in one foreach multiply, nothing read on the host."""
     torch._foreach_mul_([p.grad for p in parameters if p.grad is not None], 1.0 / loss_scale)
+
+
+class FixedLossScaler:
+    """A fixed fp16 --loss-scale S in torch.amp.GradScaler's shape (ddp_resnet50.py's step and the twin's
+    MixedPrecision plugin drive it): the loss times S, the gradients times 1/S before the step, no overflow check,
+    nothing read on the host (so the step can be captured)."""
+
+    def __init__(self, scale):
+        self.scale_value = scale
+        self.unscaled = set()  # the optimizers unscaled since their last step
+
+    def scale(self, loss):
+        return loss * self.scale_value
+
+    def unscale_(self, optimizer):
+        unscale_gradients([p for group in optimizer.param_groups for p in group["params"]], self.scale_value)
+        self.unscaled.add(id(optimizer))
+
+    def step(self, optimizer, *args, **kwargs):
+        # Lightning leaves unscaling to an optimizer that claims it (fused SGD, which expects a dynamic scaler's
+        # state): unscale first, as a GradScaler's step does
+        if id(optimizer) not in self.unscaled:
+            self.unscale_(optimizer)
+        self.unscaled.discard(id(optimizer))
+        return optimizer.step(*args, **kwargs)
+
+    def update(self):
+        pass  # the scale is fixed
 
 
 class GraphedStep:

@@ -105,12 +105,3 @@ def test_cuda_without_a_gpu_for_real(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "--device cuda needs a CUDA GPU" in lines[0], proc.stderr
     assert not (tmp_path / "r.json").exists()
-
-
-def test_unwritable_output_directory(tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    proc = run_script(NATIVE, [*SMALL, "--output", str(blocker / "sub" / "r.json")])
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and "cannot be written" in lines[0], proc.stderr
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]

@@ -53,7 +53,6 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work():
 
 @pytest.mark.parametrize("args,rule", [
     (["--blocks", "abc"], "invalid int value"),
-    (["--output", "/proc/cost.json"], "cannot be written"),
     (["--output", "."], "is not a file path"),
 ])
 def test_each_rule_is_named_before_any_work(args, rule, capsys):

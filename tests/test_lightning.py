@@ -121,11 +121,12 @@ def test_a_killed_worker_of_lightnings_launcher_ends_the_run_as_lightning_does(t
 @pytest.mark.filterwarnings("ignore:.*(srun|LeafSpec|barebones|many workers)")
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("automatic", [True, False])
-def test_fixed_loss_scale_steps_as_natives(twin, fused, automatic):
-    """In a real Trainer with Lightning's 16-mixed plugin holding FixedLossScaler (Lightning leaves unscaling to fused
-    SGD and unscales before a foreach step), automatic optimization and the twin's manual train_step give native's
-    fixed-scale update bit for bit: (loss * S).backward(), gradients times 1/S, the step. A small network on the CPU
-    under fp16 autocast (the scripts refuse fp16 on the CPU)."""
+def test_fixed_loss_scale_steps_as_natives(twin, native, fused, automatic):
+    """In a real Trainer with Lightning's 16-mixed plugin holding the package's FixedLossScaler (Lightning leaves
+    unscaling to fused SGD and unscales before a foreach step), automatic optimization and the twin's manual
+    train_step give the fixed-scale update bit for bit: (loss * S).backward(), gradients times 1/S, the step; so does
+    native's train_step with the same scaler. A small network on the CPU under fp16 autocast (the scripts refuse fp16
+    on the CPU)."""
     import lightning as L
     import torch
     from lightning.pytorch.plugins import MixedPrecision
@@ -146,6 +147,12 @@ def test_fixed_loss_scale_steps_as_natives(twin, fused, automatic):
         (loss * scale).backward()
         torch._foreach_mul_([p.grad for p in native_net.parameters()], 1.0 / scale)
         native_optimizer.step()
+    scripts_net, scripts_optimizer = net_and_optimizer()
+    scaler = native.import_extras().FixedLossScaler(scale)
+    for _ in range(steps):
+        native.train_step(scripts_net, scripts_optimizer, scaler, inputs, labels,
+                          {"precision": "fp16", "device": "cpu", "cuda_graphs": False})
+    assert all(torch.equal(a, b) for a, b in zip(native_net.parameters(), scripts_net.parameters()))
 
     class Tiny(L.LightningModule):
         def __init__(self):
@@ -165,7 +172,7 @@ def test_fixed_loss_scale_steps_as_natives(twin, fused, automatic):
             return torch.utils.data.DataLoader(range(steps), batch_size=None)
 
     tiny = Tiny()
-    plugin = MixedPrecision("16-mixed", "cpu", twin.FixedLossScaler(scale))
+    plugin = MixedPrecision("16-mixed", "cpu", twin.import_extras().FixedLossScaler(scale))
     L.Trainer(accelerator="cpu", devices=1, plugins=[plugin], max_steps=steps, barebones=True).fit(tiny)
     for native_parameter, twin_parameter in zip(native_net.parameters(), tiny.model.parameters()):
         assert torch.equal(native_parameter, twin_parameter)

@@ -449,7 +449,7 @@ def test_a_result_is_written_beside_its_path_then_moved_there(native, tmp_path, 
         target.write_text('{"old": true}\n')
     seen = watch_fsync(monkeypatch, target)
     result = {"status": "ok", "values": list(range(100)), "config": {"output": str(target)}}
-    assert native.write_json_atomically(result, str(target), overwrite) == (str(target), None)
+    native.write_json_atomically(result, str(target), overwrite)
     assert len(seen) == 1
     written, held = seen[0]
     assert written != str(target) and os.path.dirname(written) == str(target.parent)

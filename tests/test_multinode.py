@@ -96,10 +96,10 @@ def two_node_jobs(two_nodes, tmp_path_factory):
     jobs = {"killed": submit_job("killed", "slurm/ddp_resnet50.sbatch", **ENDLESS),
             "cancelled": submit_job("cancelled", "slurm/ddp_resnet50.sbatch", **ENDLESS)}
     # A strong-scaling sweep of the native script at 1, 2 and 4 processes (the last over both nodes), each
-    # multi-process point probing its link, called from a directory outside the repository without
-    # BENCH_RESULTS_DIR, with an option of benchmark_extras.py for the benchmark. A global batch of 8 leaves 2
-    # images per process at 4 (batch norm needs more than one value per channel).
-    sweep = subprocess.Popen([ROOT / "slurm" / "scaling_sweep.sh", "strong", "--bucket-cap-mb", "10"],
+    # multi-process point probing its link (--collective-probe, an option of the package), called from a directory
+    # outside the repository without BENCH_RESULTS_DIR. A global batch of 8 leaves 2 images per process at 4 (batch
+    # norm needs more than one value per channel).
+    sweep = subprocess.Popen([ROOT / "slurm" / "scaling_sweep.sh", "strong"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir,
                              env=job_env(two_nodes, SWEEP_GPUS="1 2 4", SWEEP_GPUS_PER_NODE="2", SWEEP_WAIT="1",
                                          SWEEP_PROBE="1", SWEEP_POLL_S="0.5", BENCH_GLOBAL_BATCH_SIZE="8",
@@ -220,8 +220,8 @@ def test_native_sbatch_runs_on_two_nodes(sweep_points):
     result = assert_slurm_result(job, path, "ddp_resnet50.py", 4, steps=3, nodes=2)
     assert_two_nodes(job, result, per_node=2)
     assert manual_result_name(path), f"{path.name} fits no file-name pattern of slurm/README.md"
-    # An option of benchmark_extras.py, which the script imports from the repository only when it is given.
-    assert result["config"]["bucket_cap_mb"] == 10
+    # An option of the package, which the script imports only when one of its options is given.
+    assert result["config"]["collective_probe"] is True
     assert job.closing_files() == [str(path)], job.describe()
 
 

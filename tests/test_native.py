@@ -74,20 +74,6 @@ def test_two_rank_result_field_by_field(native_two_rank):
     assert "measuring step 4/4" in proc.stdout and "| ddp | 2 | 4 |" in proc.stdout
 
 
-def test_strong_scaling_splits_the_global_batch_in_a_copy_of_the_script_alone(tmp_path):
-    """The script copied alone into an empty folder (as onto a cluster) needs nothing from the repository."""
-    import shutil
-    output = tmp_path / "strong.json"
-    shutil.copy(NATIVE, tmp_path / NATIVE.name)
-    index = SMALL.index("--batch-size-per-device")
-    args = SMALL[:index] + SMALL[index + 2:]
-    proc = run_script(tmp_path / NATIVE.name, [*args, "--global-batch-size", "6", "--output", str(output)], nproc=2,
-                      cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    config = read_result(output)["config"]
-    assert (config["batch_mode"], config["batch_size_per_device"], config["global_batch_size"]) == ("global", 3, 6)
-
-
 def test_single_process_plain_python_without_output_writes_under_runs(tmp_path):
     """No --output: the result goes to runs/ where the run starts (git-ignored in a checkout), never into the
     committed results/; it is readable by others under the usual umask."""

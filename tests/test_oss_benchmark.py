@@ -75,7 +75,7 @@ def test_all_runs_every_gloo_strategy_with_parameters_in_sync(all_run):
         config = result["config"]
         assert config["output"] == str(paths[strategy]) and config["strategies_in_launch"] == GLOO_STRATEGIES
         assert (config["model"], config["optimizer"], config["backend"]) == ("resnet18", "sgd", "gloo")
-        # benchmark_extras.py's DDP options, at the harness's defaults
+        # the DDP options, at their defaults
         assert (config["bucket_cap_mb"], config["gradient_as_bucket_view"], config["broadcast_buffers"],
                 config["static_graph"], config["cudnn_benchmark"]) == (25.0, True, True, False, False)
         assert result["sharded"] is (strategy != "ddp")
@@ -228,7 +228,7 @@ def test_parameters_out_of_sync_are_reported_and_the_launch_goes_on(tmp_path):
     (["--device", "cpu", "--strategy", "zero1_overlap"], "--strategy zero1_overlap cannot run on gloo"),
     (["--table", "x.json"], "unrecognized arguments: --table"),  # report.py --sharding reads result files
     (["--compile"], "--compile is not offered here"),
-    (["--device", "cpu", "--strategy", "ddp", "--collective-probe"], "--collective-probe is ddp_resnet50.py's"),
+    (["--device", "cpu", "--strategy", "ddp", "--collective-probe"], "unrecognized arguments: --collective-probe"),
     (["--comm-hook", "bf16_compress"], "unrecognized arguments: --comm-hook"),  # no speed options here
     (["--model", "vgg16"], "invalid choice: 'vgg16'"),
     (["--device", "cuda", "--strategy", "zero1_overlap", "--precision", "fp16"], "zero1_overlap cannot use fp16"),
@@ -289,7 +289,7 @@ def test_explicit_options_and_the_preset(script):
             args.momentum, args.memory_format) == ("resnet101", 28, 256, "fp32", "rmsprop", 1e-4, 0.9, "contiguous")
     args, explicit = script.parse_arguments(["--preset", "fairscale", "--global-batch-size", "64", "--optimizer",
                                              "adam", "--image-size", "28", "--bucket-cap-mb", "50"])
-    assert "bucket_cap_mb" in explicit and args.bucket_cap_mb == 50.0  # benchmark_extras.py's option joined
+    assert "bucket_cap_mb" in explicit and args.bucket_cap_mb == 50.0  # a DDP option, given explicitly
     assert script.apply_preset(args, explicit) == {"global_batch_size": {"preset": 256, "given": 64},
                                                    "optimizer": {"preset": "rmsprop", "given": "adam"}}
     assert args.batch_size_per_device is None and args.model == "resnet101"
