@@ -62,9 +62,10 @@ from collections import defaultdict
 from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, REPOSITORY, OneLineArgumentParser, UsageError,
     check_documents, is_number, run_cli, update_documents, write_atomically)
 from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, ACROSS_MACHINES, LIGHTNING, NATIVE, NOT_OPTIONS, OSS,
-    RUN_FIELDS, SHARDING_ORDER, Config, aggregate, applies, common_window, launches, lightning_pairs, load_documents,
-    load_runs, option_labels, options_agree, order, paired_ratios, peak_mib, rate, row_of, rows_by_setup,
-    scaling_figures, scaling_label, scaling_series, script_defaults, unlike)
+    RUN_FIELDS, SHARDING_ORDER, Config, aggregate, applies, beyond_ddp, common_window, launches, lightning_pairs,
+    load_documents, load_runs, option_labels, options_agree, order, paired_ratios, peak_mib, rate, row_of,
+    rows_by_setup, scaling_figures, scaling_label, scaling_series, script_defaults, setup_of, strategy_rank, unlike,
+    usual_value)
 
 COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
 NO_RESULTS = ("No results committed yet: run the benchmarks on a GPU machine, put the result files under "
@@ -810,6 +811,225 @@ def finished(plt, figure, axis, title):
     return figure
 
 
+# ---------------------------------------------------------------------------- the one-screen answer
+
+WIDTH = 120  # the default view's line length at most
+COMMANDS = {  # what measures a question that the results cannot answer
+    "speed": "python ddp_resnet50.py --output r.json",
+    "weak": "slurm/scaling_sweep.sh weak, or torchrun --nproc-per-node N ddp_resnet50.py",
+    "strong": "slurm/scaling_sweep.sh strong (or --global-batch-size B)",
+    "lightning": "python lightning/ddp_resnet50.py --output l.json beside native's runs",
+    "host-bound": "python experiments/lightning-interleaved/interleave.py --batch-size-per-device 32",
+    "sharding": "torchrun --standalone --nproc-per-node 2 oss_benchmark.py"}
+
+
+def flag(run):
+    """A run's caution at a range's end: noisy (unsteady), dirty (its commit does not name the code that ran)."""
+    marks = [word for word, on in (("noisy", run["noisy"]), ("dirty", run["dirty"])) if on]
+    return f" ({', '.join(marks)})" if marks else ""
+
+
+def span(values, runs, text):
+    """low–high of values through text, each end with its run's flag: '7,926 (noisy)–8,115'."""
+    low, high = min(range(len(values)), key=values.__getitem__), max(range(len(values)), key=values.__getitem__)
+    ends = text(values[low]) + flag(runs[low]), text(values[high]) + flag(runs[high])
+    return ends[0] if ends[0] == ends[1] else f"{ends[0]}–{ends[1]}"
+
+
+def counts(runs, unpaired=0, what="run"):
+    machines = len({run["machine"] for run in runs} - {None})
+    alone = f", {unpaired} unpaired" if unpaired else ""
+    return f"{len(runs)} {what}{'s' * (len(runs) != 1)}, {machines} machine{'s' * (machines != 1)}{alone}"
+
+
+def fit(text, width=WIDTH):
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def deviations(config, usual):
+    """How a native configuration differs from the usual one (the scripts' defaults): short words."""
+    words = [] if config.compile_mode is None else [f"compile {config.compile_mode}"]
+    words += [config.precision] if config.precision != usual.get("precision", config.precision) else []
+    words += [option_text(name, value).replace("=true", "") for name, value in config.options
+              if applies(name, config) and value not in (usual.get(name, value), "null")]
+    return words
+
+
+def usual_options(rows):
+    """{name: usual value} over the rows' options (usual_value: the scripts' default where used) and precision."""
+    seen = defaultdict(list)
+    for row in rows:
+        for name, value in row["config"].options:
+            seen[name].append(value)
+    usual = {name: usual_value(name, values) for name, values in seen.items()}
+    precisions = [row["config"].precision for row in rows]
+    return {**usual, "precision": max(sorted(set(precisions)), key=precisions.count)}
+
+
+def workload(config):
+    return (f"{config.device_name}, {config.model} {config.image_size} px, {config.batch_size_per_device} "
+            f"img/{unit_of(config)}")
+
+
+def speed_answer(rows):
+    """Per device and workload: the default mode's throughput, and the fastest other mode's, over every run."""
+    native = [row for row in rows if row["status"] == "ok" and row["config"].benchmark == NATIVE
+              and row["config"].world_size == 1]
+    if not native:
+        return [f"DDP speed: no one-device run of ddp_resnet50.py; measure: {COMMANDS['speed']}"], None
+    usual = usual_options(native)
+    lines, defaults = ["DDP speed (ddp_resnet50.py, one device; img/s over every run of a mode):"], {}
+    for device in sorted({row["config"].device_name for row in native}):
+        mine = [row for row in native if row["config"].device_name == device]
+        default = max(mine, key=lambda row: (not deviations(row["config"], usual), len(row["runs"])))
+        defaults[device] = default
+        same = [row for row in mine if workload(row["config"]) == workload(default["config"])]
+        fastest = max(same, key=lambda row: row["images_per_second"])
+        modes = " ".join(deviations(default["config"], usual)) or "the defaults"
+        lines.append(fit(f"  {workload(default['config'])}, {modes}: {rate_span(default['runs'])}"))
+        if fastest is not default:
+            lines.append(fit(f"    fastest of {len(same)} modes: {rate_span(fastest['runs'])}, with"))
+            lines += textwrap.wrap(", ".join(deviations(fastest["config"], usual)), WIDTH, initial_indent=" " * 6,
+                                   subsequent_indent=" " * 6)
+    return lines, (usual, defaults)
+
+
+def rate_span(runs):
+    values = [rate(run) for run in runs]
+    return f"{span(values, runs, lambda value: format_rate(value, like=max(values)))} img/s ({counts(runs)})"
+
+
+def scaling_answer(rows):
+    """Scaling efficiency of ddp_resnet50.py by device count, weak and strong: per count, the range over the runs
+    that have base runs on their own devices, commit and software, with flags at its ends."""
+    lines = []
+    for mode, name in (("per_device", "weak"), ("global", "strong")):
+        series = [members for members in scaling_series(rows, mode)
+                  if (members[0]["config"].benchmark, members[0]["config"].strategy) == (NATIVE, "ddp")]
+        if not series:
+            lines.append(f"Scaling, {name}: no series of device counts; measure: {COMMANDS[name]}")
+            continue
+        chosen = max(series, key=lambda members: (len({row["config"].world_size for row in members}),
+                                                  sum(len(row["runs"]) for row in members)))
+        base, config = chosen[0], chosen[0]["config"]
+        kept = (f"{config.batch_size_per_device} img/{unit_of(config)}" if mode == "per_device"
+                else f"global batch {config.global_batch_size:,}")
+        others = f"; {len(series) - 1} other series: --all" if len(series) > 1 else ""
+        lines.append(fit(f"Scaling efficiency, {name} ({config.device_name}, {config.model}, {kept}; against "
+                         f"{config.world_size} {unit_of(config)}{others}):"))
+        usual = usual_options(chosen)
+        for count in sorted({row["config"].world_size for row in chosen} - {config.world_size}):
+            members = sorted((row for row in chosen if row["config"].world_size == count),
+                             key=lambda row: (len(deviations(row["config"], usual)), -len(row["runs"])))
+            for row in members[:3]:
+                label = ", ".join(deviations(row["config"], usual)) or "the defaults"
+                lines.append(fit(f"  {count} {units_of(config)}, {label}: {scaling_count(row, base)}"))
+            lines += [f"  {count} {units_of(config)}: {len(members) - 3} more DDP settings: --all"] * (len(members) > 3)
+    return lines
+
+
+def scaling_count(row, base):
+    """The efficiency range of a row's runs against the base runs on their own devices, or why there is none."""
+    runs = row["runs"]
+    figures = [(run, scaling_figures(run, base["runs"], base["config"].world_size)) for run in runs]
+    paired = [(run, figure[1]) for run, figure in figures if figure]
+    if not paired:
+        return f"{scaling_label(runs, base['runs'])}: no base run on the same devices, commit and software"
+    chosen = [run for run, _ in paired]
+    return (f"{span([value for _, value in paired], chosen, percent_text)} % "
+            f"({counts(chosen, len(runs) - len(paired))})")
+
+
+def host_bound(*rows):
+    return any("host-bound" in (run["noisy_reason"] or "") for row in rows for run in row["runs"])
+
+
+def lightning_answer(rows, speed):
+    """The twin against native per regime: GPU-bound from whole runs (like-for-like pairs), host-bound only
+    from loops interleaved in one process (whole runs there differ by more than the cost)."""
+    pairs = lightning_pairs(rows)
+    if not pairs:
+        return [f"Lightning / native: no pair; measure: {COMMANDS['lightning']}"]
+    usual = usual_options([row for pair in pairs for row in pair])
+    batch = speed[1][min(speed[1])]["config"].batch_size_per_device if speed else None
+    groups = defaultdict(lambda: ([], []))
+    for native, twin in pairs:
+        plain = native["config"]._replace(options=beyond_ddp(native["config"].options))
+        if not host_bound(native, twin) and not deviations(plain, usual) and plain.batch_size_per_device == batch:
+            variant = ", ".join(option_text(name, value).replace("lightning_", "") for name, value in
+                                twin["config"].options if name.startswith("lightning_") and applies(name, twin["config"])
+                                and value not in ("null", usual.get(name)))
+            key = (twin["config"].world_size, twin["config"].batch_size_per_device, variant or "stock")
+            groups[key][0].extend(run for run in twin["runs"] if run not in groups[key][0])
+            groups[key][1].extend(run for run in native["runs"] if run not in groups[key][1])
+    lines = ["Lightning / native img/s (same devices, commit and software):"]
+    for (count, batch, variant), (twins, natives) in sorted(groups.items()):
+        paired = paired_ratios(twins, natives)
+        figure = (f"{span(paired.values, paired.runs, ratio_text)} ({counts(paired.runs, len(twins) - len(paired.runs))})"
+                  if paired.values else f"{paired.label}, no like-for-like pair")
+        lines.append(fit(f"  GPU-bound, whole runs, {count} {(units_of, unit_of)[count == 1](twins[0]['config'])} × {batch}, {variant}: "
+                         f"{figure}"))
+    lines += [f"  GPU-bound: no pair at {batch} img per device (--all shows every pair)"] * (len(lines) == 1)
+    noisy = sum(host_bound(native, twin) for native, twin in pairs)
+    lines += [f"  host-bound: whole runs differ by more than the cost ({noisy} pairs here); loops interleaved in one "
+              f"process:", f"    {COMMANDS['host-bound']}"]
+    return lines
+
+
+def sharding_answer(runs):
+    """Each strategy against the ddp run of its own launch, speed (rank 0's medians) and peak memory, over the
+    launches of the most launched setup; per strategy its most launched configuration."""
+    groups = defaultdict(list)
+    for members in launches(runs):
+        baseline = next((run for run in members if run["config"].strategy == "ddp" and run["status"] == "ok"), None)
+        if baseline:
+            groups[setup_of(baseline["config"]), baseline["config"].world_size,
+                   baseline["config"].batch_size_per_device].append((baseline, members))
+    if not groups:
+        return [f"Sharding / DDP: no launch with a ddp run; measure: {COMMANDS['sharding']}"]
+    key = max(groups, key=lambda key: len(groups[key]))
+    config = groups[key][0][0]["config"]
+    others = f"; {len(groups) - 1} other setups: --all" if len(groups) > 1 else ""
+    lines = [fit(f"Sharding / DDP of the same launch ({workload(config)}, {config.world_size} {units_of(config)}"
+                 f"{others}):")]
+    found = defaultdict(list)
+    for baseline, members in groups[key]:
+        for run in members:
+            if run is not baseline and run["status"] == "ok" and unlike(run, baseline) is None:
+                found[run["config"]].append((run, baseline))
+    best = {}
+    for strategy_config, pairs in found.items():
+        if len(pairs) > len(best.get(strategy_config.strategy, [])):
+            best[strategy_config.strategy] = pairs
+    for strategy in sorted(best, key=strategy_rank):
+        pairs = best[strategy]
+        speed = [run["rank0_median"] / baseline["rank0_median"] for run, baseline in pairs]
+        memory = [(run["peak_allocated_mib"] / baseline["peak_allocated_mib"], run) for run, baseline in pairs
+                  if run["peak_allocated_mib"] and baseline["peak_allocated_mib"]
+                  and run["memory_window"] == baseline["memory_window"]]
+        peak = (f", peak memory {span([value for value, _ in memory], [run for _, run in memory], percent_text)} %"
+                if memory else "")
+        runs_used = [run for run, _ in pairs]
+        lines.append(fit(f"  {strategy}: speed {span(speed, runs_used, percent_text)} % of ddp's{peak} "
+                         f"({counts(runs_used, what='launch').replace('launchs', 'launches')})"))
+    return lines
+
+
+def answer(runs, paths):
+    """The one-screen answer: per question one line (or one per device count or strategy) with its like-for-like
+    range, its counts and the flags of its ends; where the results cannot answer, the command that would."""
+    rows = aggregate(runs)
+    ok = sum(run["status"] == "ok" for run in runs)
+    machines = len({run["machine"] for run in runs} - {None})
+    lines = [fit(f"{len(runs)} results ({ok} ok) from {', '.join(map(str, paths))} on {machines} machine"
+                 f"{'s' * (machines != 1)} (devices that ran together); ranges over every run")]
+    speed, found = speed_answer(rows)
+    lines += speed + scaling_answer(rows) + lightning_answer(rows, found) + sharding_answer(runs)
+    lines.append("Every table: report.py --all [PATH]; a launch's strategies: --sharding; noisy: an unsteady run; "
+                 "dirty: uncommitted code")
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------------------- generated answers
 
 ANY = object()  # a setting an answer does not restrict
@@ -1285,7 +1505,8 @@ def check_verdict(violations, notes, checked, unmatched, tolerance, reference_pa
 def parse_arguments(argv=None):
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
-    add("paths", nargs="*", metavar="PATH", help="result files or folders (searched recursively)")
+    add("paths", nargs="*", metavar="PATH", help="result files or folders, searched recursively (default: results/)")
+    add("--all", action="store_true", help="every table, as Markdown on stdout, instead of the one-screen answer")
     add("--markdown", metavar="OUT.md", help="write the Markdown report to this file (default: stdout)")
     add("--sharding", action="store_true", help="print only the sharding tables of oss_benchmark.py, one per launch")
     add("--plots", metavar="DIR", help="write PNG plots into this folder (needs matplotlib)")
@@ -1295,14 +1516,13 @@ def parse_arguments(argv=None):
     add("--check-docs", action="store_true", help="exit 1 when a generated block differs from what --docs writes")
     args = parser.parse_args(argv)
     if (args.docs or args.check_docs) and (args.paths or args.markdown or args.sharding or args.plots
-                                           or args.check_against):
+                                           or args.check_against or args.all):
         raise UsageError("--docs and --check-docs read results/ and take no other option")
-    if not args.paths and not (args.docs or args.check_docs):
-        raise UsageError("the following arguments are required: PATH")
+    args.paths = args.paths or [os.path.relpath(REPOSITORY / "results")]
     if args.tolerance is not None and not args.check_against:
         raise UsageError("--tolerance needs --check-against")
-    if args.sharding and args.markdown:
-        raise UsageError("--sharding prints to stdout: drop --markdown")
+    if sum(map(bool, (args.sharding, args.markdown, args.all))) > 1:
+        raise UsageError("--all, --sharding and --markdown each choose the output: give one")
     args.tolerance = parse_tolerance("5%" if args.tolerance is None else args.tolerance)
     return args
 
@@ -1347,8 +1567,10 @@ def main(argv=None):
         write_markdown(runs, comparisons, args.markdown)
     elif args.sharding:
         print(render_sharding(runs, pathlib.Path.cwd()), end="")
-    else:
+    elif args.all:
         print(render_markdown(runs, pathlib.Path.cwd(), heading="##", comparisons=comparisons), end="")
+    else:
+        print(answer(runs, args.paths), end="")
     if args.plots:
         print_plots(runs, args.plots)
     if checked is None:
