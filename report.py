@@ -59,8 +59,8 @@ import sys
 import textwrap
 from collections import defaultdict
 
-from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, REPOSITORY, OneLineArgumentParser, UsageError,
-    check_documents, is_number, run_cli, update_documents, write_atomically)
+from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, MIN_PAIRS, REPOSITORY, OneLineArgumentParser,
+    UsageError, check_documents, is_number, run_cli, update_documents, write_atomically)
 from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, ACROSS_MACHINES, LIGHTNING, NATIVE, NOT_OPTIONS, OSS,
     RUN_FIELDS, SHARDING_ORDER, Config, aggregate, applies, beyond_ddp, common_window, launches, lightning_pairs,
     load_documents, load_runs, option_labels, options_agree, order, paired_ratios, peak_mib, rate, row_of,
@@ -544,11 +544,10 @@ def comparison_result(document):
         return f"no complete pair ({document.get('status')})"
     noisy = document.get("noisy_rounds") or 0
     noise = f"; {noisy} of {len(document.get('rounds') or [])} rounds noisy" if noisy else ""
-    if isinstance(interval, list) and len(interval) == 2:
+    if isinstance(interval, list) and len(interval) == 2 and len(pairs) >= MIN_PAIRS:
         return (f"{document['ratio']:.3f}{label} (95 % interval {interval[0]:.3f}–{interval[1]:.3f}; "
                 f"{len(pairs)} pairs{noise})")
-    return (f"{document['ratio']:.3f}{label} from {len(pairs)} pair, no interval (stopped: {document.get('status')}"
-            f"{noise})")
+    return f"{document['ratio']:.3f}{label} from {len(pairs)} pairs, too few for an interval{noise}"
 
 
 def machine_text(document):
@@ -956,19 +955,20 @@ def lightning_answer(rows, speed):
     for native, twin in pairs:
         plain = native["config"]._replace(options=beyond_ddp(native["config"].options))
         if not host_bound(native, twin) and not deviations(plain, usual) and plain.batch_size_per_device == batch:
-            variant = ", ".join(option_text(name, value).replace("lightning_", "") for name, value in
-                                twin["config"].options if name.startswith("lightning_") and applies(name, twin["config"])
-                                and value not in ("null", usual.get(name)))
+            variant = ", ".join(option_text(name, value).replace("lightning_", "") for name, value
+                                in twin["config"].options if name.startswith("lightning_")
+                                and applies(name, twin["config"]) and value not in ("null", usual.get(name)))
             key = (twin["config"].world_size, twin["config"].batch_size_per_device, variant or "stock")
             groups[key][0].extend(run for run in twin["runs"] if run not in groups[key][0])
             groups[key][1].extend(run for run in native["runs"] if run not in groups[key][1])
     lines = ["Lightning / native img/s (same devices, commit and software):"]
     for (count, batch, variant), (twins, natives) in sorted(groups.items()):
         paired = paired_ratios(twins, natives)
-        figure = (f"{span(paired.values, paired.runs, ratio_text)} ({counts(paired.runs, len(twins) - len(paired.runs))})"
+        unpaired = len(twins) - len(paired.runs)
+        figure = (f"{span(paired.values, paired.runs, ratio_text)} ({counts(paired.runs, unpaired)})"
                   if paired.values else f"{paired.label}, no like-for-like pair")
-        lines.append(fit(f"  GPU-bound, whole runs, {count} {(units_of, unit_of)[count == 1](twins[0]['config'])} × {batch}, {variant}: "
-                         f"{figure}"))
+        devices = f"{count} {(units_of, unit_of)[count == 1](twins[0]['config'])}"
+        lines.append(fit(f"  GPU-bound, whole runs, {devices} × {batch}, {variant}: {figure}"))
     lines += [f"  GPU-bound: no pair at {batch} img per device (--all shows every pair)"] * (len(lines) == 1)
     noisy = sum(host_bound(native, twin) for native, twin in pairs)
     lines += [f"  host-bound: whole runs differ by more than the cost ({noisy} pairs here); loops interleaved in one "
