@@ -547,7 +547,8 @@ def comparison_result(document):
     if isinstance(interval, list) and len(interval) == 2 and len(pairs) >= MIN_PAIRS:
         return (f"{document['ratio']:.3f}{label} (95 % interval {interval[0]:.3f}–{interval[1]:.3f}; "
                 f"{len(pairs)} pairs{noise})")
-    return f"{document['ratio']:.3f}{label} from {len(pairs)} pairs, too few for an interval{noise}"
+    why = "too few for an interval" if len(pairs) < MIN_PAIRS else f"no interval (stopped: {document.get('status')})"
+    return f"{document['ratio']:.3f}{label} from {len(pairs)} pairs, {why}{noise}"
 
 
 def machine_text(document):
