@@ -814,6 +814,9 @@ def finished(plt, figure, axis, title):
 # ---------------------------------------------------------------------------- the one-screen answer
 
 WIDTH = 120  # the default view's line length at most
+# The documents whose generated blocks are report.py's (scaling_model.py regenerates and checks its own document).
+DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/results.md", "docs/sharding.md",
+             "lightning/README.md")
 COMMANDS = {  # what measures a question that the results cannot answer
     "speed": "python ddp_resnet50.py --output r.json",
     "weak": "slurm/scaling_sweep.sh weak, or torchrun --nproc-per-node N ddp_resnet50.py",
@@ -1031,9 +1034,9 @@ def answer(runs, paths):
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------------------- generated answers
+# ---------------------------------------------------------------------------- the documents' generated blocks
 
-ANY = object()  # a setting an answer does not restrict
+ANY = object()  # a setting a block does not restrict
 # What the native script runs without options on one H200 (the results record every one of these).
 DEFAULT_RUN = {"benchmark": NATIVE, "strategy": "ddp", "device": "cuda", "model": "resnet50", "image_size": 224,
                "precision": "bf16", "memory_format": "channels_last", "optimizer": "sgd", "compile_mode": None,
@@ -1044,11 +1047,11 @@ DEFAULT_RUN = {"benchmark": NATIVE, "strategy": "ddp", "device": "cuda", "model"
 TWIN = {"benchmark": LIGHTNING, "strategy": "lightning_ddp"}
 FASTEST = {"precision": "fp16", "loss_scale": 1024.0, "compile_mode": "default", "coordinate_descent_tuning": True,
            "cuda_graphs": True, "stem_conv": "space_to_depth", "max_pool_backward": "dense", "batch_norm": "sums"}
-COMPILED_TWO = {"world_size": 2, "compile_mode": "default", "compiled_ddp": "ddp_optimizer"}
 COMPUTATION_SETTINGS = ("stem_conv", "max_pool_backward", "batch_norm")
-# The interleaved measurement of the twin's loop lives in experiments/, not in results/: quoted as it stands.
-INTERLEAVED = ("0.956 (29 runs on 5 machines, 95 % interval 0.953–0.960)",
-               "experiments/lightning-interleaved/README.md")
+SHARDING_SGD = {"fsdp_units": "model", "fsdp_param_dtype": "fp32", "preset": None, "cudnn_deterministic": False,
+                "world_size": 2, "optimizer_impl": ANY, "cudnn_benchmark_limit": ANY, "comm_hook": ANY,
+                "coordinate_descent_tuning": ANY}
+INTERLEAVED = REPOSITORY / "experiments" / "lightning-interleaved" / "data"
 
 
 def setting_of(run, name):
@@ -1064,309 +1067,182 @@ def pick(runs, **settings):
     that do not apply to a run (DDP's on one rank) are not asked of it."""
     wanted = {**DEFAULT_RUN, **settings}
     return [run for run in runs if run["status"] == "ok" and all(
-        value is ANY or not applies(name, run["config"]) or matches(setting_of(run, name), value)
+        value is ANY or not applies(name, run["config"])
+        or (setting_of(run, name) in value if isinstance(value, tuple) else setting_of(run, name) == value)
         for name, value in wanted.items())]
 
 
-def matches(setting, wanted):
-    return setting in wanted if isinstance(wanted, tuple) else setting == wanted
+def rates_text(runs):
+    """'4,692–4,751 (dirty) img/s (56 runs, 19 machines)': every run's img/s, the flags of the range's ends."""
+    return "not measured" if not runs else rate_span(runs)
 
 
-def counted(runs, what="run"):
-    count, machines = len(runs), len({run["machine"] for run in runs} - {None})
-    return f"{count} {what}{'s' * (count != 1)} on {machines} machine{'s' * (machines != 1)}"
+def both(a, b):
+    """The flags of a ratio: noisy or dirty where either side is."""
+    return {"noisy": a["noisy"] or b["noisy"], "dirty": a["dirty"] or b["dirty"]}
 
 
-def rates_text(runs, digits=0):
-    """The range of throughput over every run, with how many runs and machines: '4,698–4,751 img/s (27 runs on
-    14 machines)'."""
-    if not runs:
-        return "not measured"
-    rates = [rate(run) for run in runs]
-    return f"{range_text(rates, lambda value: f'{value:,.{digits}f}')} img/s ({counted(runs)})"
-
-
-def median_text(runs):
-    rates = [rate(run) for run in runs]
-    return (f"{statistics.median(rates):,.0f} img/s (median of {counted(runs)}, "
-            f"{range_text(rates, lambda value: f'{value:,.0f}')})")
-
-
-def mfu_text(runs):
-    values = [run["mfu"] for run in runs if run["mfu"] is not None]
-    return f"{range_text(values, percent_text)} %" if values else NO_PEAK
-
-
-def ratio_of(numerators, denominators, as_percent=False):
-    """B / A under the pairing rules: the range over every like-for-like run of B with their count, else the medians'
+def ratio_of(numerators, denominators, text=ratio_text):
+    """B / A under the pairing rules: the range over B's like-for-like runs with their counts, else the medians'
     ratio labelled (never a headline)."""
     if not numerators or not denominators:
         return "not measured"
-    text = (lambda value: f"{value * 100:.1f}") if as_percent else ratio_text
-    unit = " %" if as_percent else ""
     paired = paired_ratios(numerators, denominators)
-    if paired.values:
-        unpaired = len(numerators) - len(paired.runs)
-        alone = f"; {unpaired} more unpaired" if unpaired else ""
-        return f"{range_text(paired.values, text)}{unit} ({counted(paired.runs)}{alone})"
-    median = statistics.median(map(rate, numerators)) / statistics.median(map(rate, denominators))
-    return f"{text(median)}{unit}, {paired.label}"
-
-
-def scaling_values(runs, base_runs):
-    """(efficiencies, their runs) of the runs that have base runs of their GPUs, commit and software."""
-    if not runs or not base_runs:
-        return [], []
-    base_count = min(run["config"].world_size for run in base_runs)
-    paired = [(run, scaling_figures(run, base_runs, base_count)) for run in runs]
-    paired = [(run, figures[1]) for run, figures in paired if figures]
-    return [value for _, value in paired], [run for run, _ in paired]
+    if not paired.values:
+        median = statistics.median(map(rate, numerators)) / statistics.median(map(rate, denominators))
+        return f"{text(median)}, {paired.label}"
+    ends = [both(run, next(base for base in denominators if unlike(run, base) is None)) for run in paired.runs]
+    return f"{span(paired.values, ends, text)} ({counts(paired.runs, len(numerators) - len(paired.runs))})"
 
 
 def scaling_of(runs, base_runs):
-    """Scaling efficiency of each run against base runs on its own GPUs (same commit and software), as a range."""
+    """Scaling efficiency of each run against base runs on its own GPUs, commit and software, as a range."""
     if not runs:
         return "not measured"
-    values, paired = scaling_values(runs, base_runs)
-    if not values:
+    base_count = min(run["config"].world_size for run in base_runs)
+    paired = [(run, figures[1]) for run in runs for figures in [scaling_figures(run, base_runs, base_count)] if figures]
+    if not paired:
         return f"{ACROSS_MACHINES}: no base runs of its GPUs, commit and software"
-    unpaired = len(runs) - len(paired)
-    alone = f"; {unpaired} more unpaired" if unpaired else ""
-    return f"{range_text(values, percent_text)} % ({counted(paired)}{alone})"
+    chosen = [run for run, _ in paired]
+    return f"{span([value for _, value in paired], chosen, percent_text)} % ({counts(chosen, len(runs) - len(chosen))})"
 
 
-def files_text(runs, base, limit=3):
-    """Links to the result files, or to their campaign folders where there are more than limit."""
-    paths = sorted({run["path"].resolve() for run in runs})
-    if len(paths) <= limit:
-        return ", ".join(link(path, base) for path in paths)
-    folders = sorted({path.parent for path in paths})
-    shown = ", ".join(link(folder, base, folder.name) for folder in folders[:limit])
-    more = f" and {len(folders) - limit} more" if len(folders) > limit else ""
-    return f"{len(paths)} files in {shown}{more}"
+def interleaved(devices):
+    """The twin's loop against native's, interleaved in one process (experiments/lightning-interleaved/): the
+    pooled median of every block ratio, with the 95 % interval of pool.py's run bootstrap (its seed and rounds)."""
+    import random
+    runs = [json.loads(path.read_text())["summary"]["ratios"]
+            for path in sorted(INTERLEAVED.glob(f"interleave-*{devices}gpu-bf16-32*.json"))]
+    rng = random.Random(0)
+    medians = sorted(statistics.median([value for run in rng.choices(runs, k=len(runs)) for value in run])
+                     for _ in range(4000))
+    pooled = [value for run in runs for value in run]
+    return (f"{statistics.median(pooled):.3f} (95 % interval {medians[100]:.3f}–{medians[3899]:.3f}, {len(runs)} "
+            f"runs of {len(pooled):,} blocks)")
 
 
-class Evidence:
-    """The committed runs and launches an answer document draws on, with the document's folder for its links."""
-
-    def __init__(self, runs, document):
-        self.runs, self.base = runs, (REPOSITORY / document).parent
-        self.launches = launches(runs)
-
-    def pick(self, **settings):
-        return pick(self.runs, **settings)
-
-    def files(self, *groups, limit=3):
-        return files_text([run for group in groups for run in group], self.base, limit)
-
-    def sharding(self, strategy, **settings):
-        """(ratios of rank 0's medians strategy / ddp, one per launch that ran both under settings, those runs)."""
-        ratios, used = [], []
-        for members in self.launches:
-            chosen = pick(members, benchmark=OSS, strategy=strategy, **settings)
-            baselines = pick(members, benchmark=OSS, strategy="ddp", **settings)
-            if chosen and baselines and unlike(chosen[0], baselines[0]) is None:
-                ratios.append(chosen[0]["rank0_median"] / baselines[0]["rank0_median"])
-                used += [chosen[0], baselines[0]]
-        return ratios, used
+def sharding_pairs(launched, strategy, **settings):
+    """(strategy / ddp of rank 0's medians, the flags of the pair, the strategy's run) per launch that ran both."""
+    found = []
+    for members in launched:
+        chosen = pick(members, benchmark=OSS, strategy=strategy, **settings)
+        baselines = pick(members, benchmark=OSS, strategy="ddp", **settings)
+        if chosen and baselines and unlike(chosen[0], baselines[0]) is None:
+            found.append((chosen[0]["rank0_median"] / baselines[0]["rank0_median"], chosen[0], baselines[0]))
+    return found
 
 
-SHARDING_SGD = {"fsdp_units": "model", "fsdp_param_dtype": "fp32", "preset": None, "cudnn_deterministic": False,
-                "world_size": 2, "optimizer_impl": ANY, "cudnn_benchmark_limit": ANY, "comm_hook": ANY,
-                "coordinate_descent_tuning": ANY}
+def performance_block(runs):
+    """docs/performance.md's answer: the default, the fastest mode, two GPUs and 32 images, in one small table."""
+    default, fastest, small = pick(runs), pick(runs, **FASTEST), {"batch_size_per_device": 32}
+    compiled_base = pick(runs, compile_mode="default")
+    compiled = pick(runs, world_size=2, compile_mode="default", compiled_ddp=ANY, bucket_cap_mb=ANY,
+                    broadcast_buffers=ANY)
+    rows = [["one H200, eager (the default)", rates_text(default), "1"],
+            ["one H200, the fastest mode", rates_text(fastest), ratio_of(fastest, default)],
+            ["one H200, 32 images, eager (host-bound)", rates_text(pick(runs, **small)), "–"],
+            ["one H200, 32 images, compiled and captured",
+             rates_text(pick(runs, **small, compile_mode="default", cuda_graphs=True)), "–"],
+            ["two H200s, eager: scaling efficiency", scaling_of(pick(runs, world_size=2), default), "–"],
+            ["two H200s, eager, `--no-broadcast-buffers`",
+             scaling_of(pick(runs, world_size=2, broadcast_buffers=False), default), "–"],
+            ["two H200s, compiled: scaling efficiency", scaling_of(compiled, compiled_base), "–"]]
+    return table(["mode", "img/s (runs, machines)", "× the default, same GPU"], rows)
 
 
-def launches_text(ratios, used):
-    if not ratios:
-        return "not measured"
-    launched = len(ratios)
-    return (f"{range_text(ratios, percent_text)} % ({launched} launch{'es' * (launched != 1)} on "
-            f"{len({run['machine'] for run in used})} machine{'s' * (len({run['machine'] for run in used}) != 1)})")
-
-
-def summary_answers(e):
-    """README.md's results summary: one compact table, and where the raw files are listed."""
-    default, two = e.pick(), e.pick(world_size=2)
-    two_nobb, compiled_base = e.pick(world_size=2, broadcast_buffers=False), e.pick(compile_mode="default")
-    compiled = e.pick(**COMPILED_TWO, bucket_cap_mb=50.0, broadcast_buffers=False)
-    twin_two = {**TWIN, "world_size": 2, "lightning_ddp_side_stream": ANY}
-    sigterm = e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=True)
-    no_sigterm = e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=False)
-    matched = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=False, lightning_sigterm_sync=False)
-    side = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False)
-    used = [run for name in SHARDING_ORDER[1:] for run in e.sharding(name, **SHARDING_SGD)[1]]
-    saved = [run["analysis"]["memory"]["expected_optimizer_state_saving_bytes_vs_ddp"] / MIB for run in used
-             if run["config"].strategy == "zero1"]
-    peaks = [run["peak_allocated_mib"] for run in used if run["config"].strategy == "ddp"]
-    rows = [["DDP speed", "1 GPU, eager (the default)", rates_text(default)],
-            ["DDP speed", "1 GPU, the fastest mode (fp16, compiled, captured, tuned)", median_text(e.pick(**FASTEST))],
-            ["DDP scaling", "2 GPUs, eager, the defaults", scaling_of(two, default)],
-            ["DDP scaling", "2 GPUs, eager, `--no-broadcast-buffers`", scaling_of(two_nobb, default)],
-            ["DDP scaling", "2 GPUs, compiled, 50 MB buckets, no buffer broadcast",
-             scaling_of(compiled, compiled_base)],
-            ["Lightning cost", "1 GPU / native", ratio_of(e.pick(**TWIN), default)],
-            ["Lightning cost", "2 GPUs, the matched variant's pieces / native", ratio_of(matched, two)],
-            ["Lightning cost", "2 GPUs, DDP on Lightning's side stream / native", ratio_of(side, two)],
-            ["Lightning cost", "2 GPUs, the twin with its SIGTERM broadcast / without", ratio_of(sigterm, no_sigterm)],
-            ["Lightning cost", "1 GPU, 32 images (host-bound), matched, interleaved", INTERLEAVED[0]],
-            *[["sharding speed", f"2 GPUs, {label} / DDP", launches_text(*e.sharding(name, **SHARDING_SGD))]
-              for name, label in (("oss_ddp", "OSS + DDP"), ("oss_sharded_ddp", "OSS + ShardedDDP"),
-                                  ("fsdp_zero2", "FSDP2 ZeRO-2 (one unit)"))],
-            ["sharding memory", "2 GPUs, optimizer state saved (SGD) / peak",
-             f"{range_text(saved, lambda value: f'{value:.1f}')} MiB of {range_text(peaks, format_mib)} MiB"]]
-    return "\n\n".join([table(["question", "configuration", "result"], rows), wrap(
-        "Ratios pair runs of one machine, commit and software; ranges cover every committed repeat. Every result file "
-        "behind these figures: [docs/results.md](docs/results.md); the speed questions in detail: "
-        "[docs/performance.md](docs/performance.md); sharding: [docs/sharding.md](docs/sharding.md).")])
-
-
-def performance_answers(e):
-    """docs/performance.md's answers table."""
-    default, fastest = e.pick(), e.pick(**FASTEST)
-    two, two_nobb = e.pick(world_size=2), e.pick(world_size=2, broadcast_buffers=False)
-    compiled_base = e.pick(compile_mode="default")
-    compiled = e.pick(**COMPILED_TWO, bucket_cap_mb=50.0, broadcast_buffers=False)
-    every_compiled = e.pick(**{**COMPILED_TWO, "compiled_ddp": ANY}, bucket_cap_mb=ANY, broadcast_buffers=ANY)
-    small = {"batch_size_per_device": 32}
-    twins = [("1 GPU, 256", e.pick(**TWIN), default),
-             ("2 GPUs, 256, DDP on the current stream", e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=False,
-                                                               lightning_sigterm_sync=False), two),
-             ("2 GPUs, 256, DDP on Lightning's side stream (stock's)",
-              e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False), two),
-             ("1 GPU, 32, `--compile --cuda-graphs`", e.pick(**TWIN, **small, compile_mode="default", cuda_graphs=True),
-              e.pick(**small, compile_mode="default", cuda_graphs=True)),
-             ("1 GPU, the fastest mode", e.pick(**TWIN, **FASTEST), fastest)]
-    rows = [
-        ["default speed, one H200, 256 images", f"{rates_text(default)}, MFU {mfu_text(default)} (eager, bf16, "
-         "channels_last)", "[What a result's numbers are worth](noise.md#what-a-results-numbers-are-worth)"],
-        ["fastest measured, one H200", f"{median_text(fastest)}, MFU {mfu_text(fastest)}; against the default on "
-         f"the same GPU: {ratio_of(fastest, default)}", "[The fastest mode](#the-fastest-mode)"],
-        ["two GPUs, eager", f"{scaling_of(two_nobb, default)} scaling with `--no-broadcast-buffers`, "
-         f"{scaling_of(two, default)} with the scripts' defaults", "[Two GPUs](#two-gpus-scaling)"],
-        ["two GPUs, compiled", f"{scaling_of(compiled, compiled_base)} with 50 MB buckets and no buffer broadcast; "
-         f"{scaling_of(every_compiled, compiled_base)} over every compiled 2-GPU run: the compiled step runs at the "
-         "H200's 700 W power limit", "[Compiled](#compiled-steps-on-two-gpus)"],
-        ["32 images per GPU", f"eager is host-bound: {rates_text(e.pick(**small))}; captured "
-         f"{rates_text(e.pick(**small, cuda_graphs=True))}; compiled and captured "
-         f"{rates_text(e.pick(**small, compile_mode='default', cuda_graphs=True))}",
-         "[32 images](#one-gpu-32-images-host-bound)"],
-        ["the twin against native", "; ".join(f"{label}: {ratio_of(twin, native)}" for label, twin, native in twins)
-         + f"; host-bound, 1 GPU, 32 eager, interleaved in one process: {INTERLEAVED[0]}",
-         "[The twin](#the-lightning-twin-in-these-modes)"]]
-    return table(["question", "answer", "evidence"], rows)
-
-
-ONE_GPU_MODES = [  # docs/performance.md's one-GPU table: (mode, settings, bold)
-    ("eager fp32 with TF32 (`--precision fp32`)", {"precision": "fp32"}, False),
-    ("eager bf16, channels_last (the default)", {}, True),
-    ("eager bf16, `--cuda-graphs`", {"cuda_graphs": True}, False),
-    ("eager fp16 with PyTorch's GradScaler (`--precision fp16`)", {"precision": "fp16", "loss_scale": "dynamic"},
-     False),
-    ("eager fp16, `--loss-scale 1024`", {"precision": "fp16", "loss_scale": 1024.0}, False),
-    ("`--compile`, bf16", {"compile_mode": "default"}, False),
-    ("`--compile`, fp16 with the GradScaler", {"compile_mode": "default", "precision": "fp16", "loss_scale": "dynamic"},
-     False),
-    ("`--compile --cuda-graphs`, bf16", {"compile_mode": "default", "cuda_graphs": True}, False),
-    ("`--compile --cuda-graphs`, bf16, 512 images", {"compile_mode": "default", "cuda_graphs": True,
-                                                     "batch_size_per_device": 512}, False),
+ONE_GPU_MODES = [  # docs/performance.md's one-GPU table: (mode, settings)
+    ("eager fp32 with TF32 (`--precision fp32`)", {"precision": "fp32"}),
+    ("eager bf16, channels_last (the default)", {}),
+    ("eager bf16, `--cuda-graphs`", {"cuda_graphs": True}),
+    ("eager fp16 with PyTorch's GradScaler", {"precision": "fp16", "loss_scale": "dynamic"}),
+    ("eager fp16, `--loss-scale 1024`", {"precision": "fp16", "loss_scale": 1024.0}),
+    ("`--compile`, bf16", {"compile_mode": "default"}),
+    ("`--compile`, fp16 with the GradScaler", {"compile_mode": "default", "precision": "fp16", "loss_scale": "dynamic"}),
+    ("`--compile --cuda-graphs`, bf16", {"compile_mode": "default", "cuda_graphs": True}),
     ("`--compile --cuda-graphs --coordinate-descent-tuning`, bf16", {"compile_mode": "default", "cuda_graphs": True,
-                                                                      "coordinate_descent_tuning": True}, False),
-    ("`--compile-mode max-autotune-no-cudagraphs --cuda-graphs`, bf16, convolutions left to cuDNN "
-     "(`TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS=ATEN`)",
-     {"compile_mode": "max-autotune-no-cudagraphs", "cuda_graphs": True, "coordinate_descent_tuning": True,
-      "inductor_environment": {"TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS": "ATEN"}}, False),
-    ("`--compile --cuda-graphs --coordinate-descent-tuning`, fp16 `--loss-scale 1024`",
-     {key: value for key, value in FASTEST.items() if key not in COMPUTATION_SETTINGS}, False),
-    ("+ `--space-to-depth-stem --dense-max-pool-backward`", {**FASTEST, "batch_norm": "torchvision"}, False),
-    ("+ `--sums-batch-norm`: the fastest mode", FASTEST, True)]
+                                                                      "coordinate_descent_tuning": True}),
+    ("the same, fp16 `--loss-scale 1024`", {key: value for key, value in FASTEST.items()
+                                           if key not in COMPUTATION_SETTINGS}),
+    ("+ `--space-to-depth-stem --dense-max-pool-backward`", {**FASTEST, "batch_norm": "torchvision"}),
+    ("+ `--sums-batch-norm`: the fastest mode", FASTEST)]
 
 
-def one_gpu_answers(e):
-    """docs/performance.md's one-GPU table: every repeat of each mode, against the default on the same GPU."""
-    default, rows = e.pick(), []
-    for mode, settings, bold in ONE_GPU_MODES:
-        runs = e.pick(**settings)
-        rates = [rate(run) for run in runs]
-        figure = "not measured" if not runs else f"{rates[0]:,.0f} ({counted(runs)})" if len(runs) == 1 else \
-            f"{statistics.median(rates):,.0f} ({range_text(rates, lambda value: f'{value:,.0f}')}; {counted(runs)})"
-        against = "1.00" if not settings else ratio_of(runs, default)
-        strong = (lambda text: f"**{text}**") if bold else (lambda text: text)
-        of_tf32 = " of TF32" if settings.get("precision") == "fp32" and runs else ""  # TF32's peak is the divisor
-        rows.append([strong(mode), strong(figure), against, mfu_text(runs) + of_tf32, e.files(runs, limit=2)])
-    return table(["mode (options)", "img/s: median (range; runs)", "× default (same GPU, commit and software)", "MFU",
-                  "files"], rows)
+def one_gpu_block(runs):
+    """docs/performance.md's evidence: every repeat of each mode, against the default on the same GPU."""
+    default = pick(runs)
+    rows = [[mode, rates_text(chosen), "1" if not settings else ratio_of(chosen, default)]
+            for mode, settings in ONE_GPU_MODES for chosen in [pick(runs, **settings)]]
+    return table(["mode (options)", "img/s (runs, machines)", "× the default, same GPU"], rows)
 
 
-def sharding_answers(e):
-    """docs/sharding.md's table of one launch at 224 px (SGD), each strategy also over every launch like it."""
-    members = next(members for members in e.launches
+def sharding_block(runs):
+    """docs/sharding.md's answer: each strategy against the ddp run of its own launch (2 GPUs, SGD, 224 px)."""
+    launched, rows = launches(runs), []
+    for strategy in SHARDING_ORDER[1:]:
+        found = sharding_pairs(launched, strategy, **SHARDING_SGD)
+        if not found:
+            continue
+        memory = [(run["peak_allocated_mib"] / base["peak_allocated_mib"], both(run, base)) for _, run, base in found
+                  if run["memory_window"] == base["memory_window"] and run["peak_allocated_mib"]]
+        rows.append([strategy, span([ratio for ratio, *_ in found], [both(*pair) for _, *pair in found], percent_text)
+                     + " %", span(*zip(*memory), percent_text) + " %" if memory else "–",
+                     counts([run for _, run, _ in found], what="launch").replace("launchs", "launches")])
+    return table(["strategy", "speed, % of ddp's", "peak memory, % of ddp's", "launches, machines"], rows)
+
+
+def launch_block(runs):
+    """docs/sharding.md's evidence: one launch at 224 px (SGD), each strategy's phases and collectives."""
+    members = next(members for members in launches(runs)
                    if members[0]["path"].name.startswith("x5-sharding-2gpu-bf16-256-sgd-"))
     baseline = next(run for run in members if run["config"].strategy == "ddp")
     rows = []
     for run in members:
-        analysis = run["analysis"] or {}
-        phases = phase_ms(analysis)
+        phases, analysis = phase_ms(run["analysis"]), run["analysis"] or {}
         syncs = [phases[name] for name in ("parameter_sync", "parameter_sync_before_forward") if phases[name]]
-        host = analysis.get("host_phase_sum_ms_median_per_rank") or []
-        ratios, used = e.sharding(run["config"].strategy, **SHARDING_SGD) if run is not baseline else ([1.0], [run])
-        saved = baseline["peak_allocated_mib"] - run["peak_allocated_mib"]
-        rows.append([run["config"].strategy, rank0_cell(row_of([run], "ok")), versus_ddp(run, baseline),
-                     launches_text(ratios, used) if run is not baseline else "100.0 %",
-                     " / ".join(format_number(phases[name], 2) for name in ("forward", "backward", "optimizer_step"))
-                     + f" / {format_number(sum(syncs) if syncs else None, 2)}",
-                     " / ".join(format_number(value, 1) for value in host) or "–",
-                     format_number(analysis.get("phase_sum_ms_median"), 1), collectives_cells(analysis)[0],
-                     f"{format_mib(run['peak_allocated_mib'])}" + (f" ({saved:,.0f})" if run is not baseline else "")])
-    return table(["strategy", "img/s (rank 0) ± MAD", "vs ddp", "vs ddp, every launch like it",
-                  "forward / backward / step / sync ms", "host ms per step", "GPU ms per step", "collectives per step",
-                  "peak MiB (saved)"], rows)
+        rows.append([run["config"].strategy, format_rate(rate(run)) + flag(run), versus_ddp(run, baseline),
+                     " / ".join(format_number(phases[name], 1) for name in ("forward", "backward", "optimizer_step"))
+                     + f" / {format_number(sum(syncs) if syncs else None, 1)}",
+                     format_number(analysis.get("host_phase_sum_ms_median"), 1), collectives_cells(analysis)[1],
+                     state_cells(analysis)[0], format_mib(run["peak_allocated_mib"])])
+    return "\n\n".join([f"Launch: {files_link(members, runs)}", table(
+        ["strategy", "img/s", "vs ddp", "forward / backward / step / sync ms", "host ms per step",
+         "MiB per step measured (analytic)", "optimizer state MiB/rank", "peak MiB"], rows)])
 
 
-def lightning_answers(e):
-    """lightning/README.md's cost table: each twin run against the native runs of its machine, commit and software."""
-    two, no_views = e.pick(world_size=2), e.pick(world_size=2, gradient_as_bucket_view=False)
-    twin_two = {**TWIN, "world_size": 2}
-    cases = [("stock pieces both (side stream, SIGTERM broadcast; bucket views off)",
-              e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
-                     lightning_ddp_side_stream=ANY), no_views),
-             ("side stream only (no broadcast; bucket views off)",
-              e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=False,
-                     lightning_ddp_side_stream=ANY), no_views),
-             ("side stream only (bucket views on)",
-              e.pick(**twin_two, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False), two),
-             ("DDP on the current stream, no broadcast (the matched variant's pieces)",
-              e.pick(**twin_two, lightning_ddp_side_stream=False, lightning_sigterm_sync=False), two),
-             ("one GPU (no DDP, no broadcast: stock and matched run alike)", e.pick(**TWIN), e.pick())]
-    rows = []
-    for label, twins, natives in cases:
-        partners = [base for base in natives if any(unlike(run, base) is None for run in twins)] or natives
-        rows.append([label, rates_text(twins), rates_text(partners), ratio_of(twins, natives),
-                     e.files(twins, partners, limit=4)])
-    return table(["run (256 per GPU)", "Lightning img/s", "native img/s (its partners, else every one)",
-                  "Lightning / native", "files"], rows)
+def files_link(members, _runs):
+    return f"`{display_path(members[0]['path'].parent)}/{os.path.commonprefix([run['path'].name for run in members])}*`"
+
+
+def lightning_block(runs):
+    """lightning/README.md's cost: the twin against native where the GPU sets the pace (whole runs, 256 images)."""
+    two = {**TWIN, "world_size": 2}
+    cases = [("1 GPU (no DDP: stock and matched alike)", pick(runs, **TWIN), pick(runs)),
+             ("2 GPUs, matched (DDP on the current stream, no broadcast)",
+              pick(runs, **two, lightning_ddp_side_stream=False, lightning_sigterm_sync=False), pick(runs, world_size=2)),
+             ("2 GPUs, DDP on Lightning's side stream, no broadcast",
+              pick(runs, **two, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False),
+              pick(runs, world_size=2)),
+             ("2 GPUs, the SIGTERM broadcast against none (bucket views off)",
+              pick(runs, **two, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
+                   lightning_ddp_side_stream=ANY),
+              pick(runs, **two, gradient_as_bucket_view=False, lightning_sigterm_sync=False,
+                   lightning_ddp_side_stream=ANY))]
+    return table(["twin (256 images per GPU)", "Lightning / native img/s (runs, machines)"],
+                 [[label, ratio_of(twins, natives)] for label, twins, natives in cases])
 
 
 def sections(runs, comparisons):
-    """{name: function of a document (its path in the repository) giving its generated block}: report.py's, from
-    the runs and comparisons, and scaling_model.py's."""
-    def answer(build):
-        return lambda document: build(Evidence(runs, document))
-    return {"summary": answer(summary_answers), "performance": answer(performance_answers),
-            "one-gpu": answer(one_gpu_answers), "sharding": answer(sharding_answers),
-            "lightning-cost": answer(lightning_answers),
-            "results": lambda document: render_markdown(runs, (REPOSITORY / document).parent, "##", comparisons),
-            "comparisons": lambda document: comparisons_table(comparisons, (REPOSITORY / document).parent),
-            "noise": lambda document: noise_table(comparisons, (REPOSITORY / document).parent),
-            **tool_module("scaling_model").SECTIONS}
-
-
-def tool_module(name):
-    """Another analysis tool of the repository (scaling_model.py), imported from its file."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, REPOSITORY / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """{name: function of a document (its path in the repository) giving its generated block}."""
+    def folder(document):
+        return (REPOSITORY / document).parent
+    return {"summary": lambda document: f"```text\n{answer(runs, ['results'])}```",
+            "interleaved-1": lambda document: interleaved(1), "interleaved-2": lambda document: interleaved(2),
+            "performance": lambda document: performance_block(runs), "one-gpu": lambda document: one_gpu_block(runs),
+            "sharding-answer": lambda document: sharding_block(runs), "sharding": lambda document: launch_block(runs),
+            "lightning-cost": lambda document: lightning_block(runs),
+            "results": lambda document: render_markdown(runs, folder(document), "##", comparisons),
+            "comparisons": lambda document: comparisons_table(comparisons, folder(document)),
+            "noise": lambda document: noise_table(comparisons, folder(document))}
 
 
 # ---------------------------------------------------------------------------- regression check
@@ -1531,13 +1407,8 @@ def parse_arguments(argv=None):
 def main_docs(check):
     """Regenerate (or check) every generated block of the documents, from the repository's folder."""
     runs, comparisons = load_documents([REPOSITORY / "results"])
-    here = os.getcwd()
-    os.chdir(REPOSITORY)  # scaling_model.py's sections name their files relative to it
-    try:
-        blocks = sections(runs, comparisons)
-        return check_documents(blocks) if check else update_documents(blocks)
-    finally:
-        os.chdir(here)
+    blocks = sections(runs, comparisons)
+    return check_documents(blocks, DOCUMENTS) if check else update_documents(blocks, DOCUMENTS)
 
 
 def write_markdown(runs, comparisons, out):

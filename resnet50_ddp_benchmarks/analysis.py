@@ -315,9 +315,10 @@ def check_writable(path, flag="--output"):
 #     <!-- generated:NAME -->
 #     ...what the section NAME writes...
 #     <!-- /generated:NAME -->
-DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/results.md", "docs/scaling.md", "docs/sharding.md",
-             "lightning/README.md")
-GENERATED = re.compile(r"(?P<open><!-- generated:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)"
+# or inline, within a sentence: <!-- generated:NAME -->text<!-- /generated:NAME -->.
+DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/results.md", "docs/scaling.md",
+             "docs/sharding.md", "lightning/README.md")
+GENERATED = re.compile(r"(?P<open><!-- generated:(?P<name>[a-z0-9-]+) -->\n?)(?P<body>.*?)"
                        r"(?P<close><!-- /generated:(?P=name) -->)", re.DOTALL)
 
 
@@ -331,7 +332,7 @@ def regenerated(document, text, sections):
         name = match["name"]
         if name not in sections:
             raise UsageError(f"{document}: no generated section named {name!r} (known: {', '.join(sorted(sections))})")
-        body = sections[name](document).strip() + "\n"
+        body = sections[name](document).strip() + "\n" * match["open"].endswith("\n")  # a block, or inline
         if body != match["body"]:
             stale.append(name)
         return match["open"] + body + match["close"]
