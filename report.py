@@ -965,14 +965,14 @@ def lightning_answer(rows, speed):
             key = (twin["config"].world_size, twin["config"].batch_size_per_device, variant or "stock")
             groups[key][0].extend(run for run in twin["runs"] if run not in groups[key][0])
             groups[key][1].extend(run for run in native["runs"] if run not in groups[key][1])
-    lines = ["Lightning / native img/s (same devices, commit and software):"]
+    lines = ["Lightning / native img/s (whole runs on the same devices, commit and software):"]
     for (count, batch, variant), (twins, natives) in sorted(groups.items()):
         paired = paired_ratios(twins, natives)
         unpaired = len(twins) - len(paired.runs)
         figure = (f"{span(paired.values, paired.runs, ratio_text)} ({counts(paired.runs, unpaired)})"
                   if paired.values else f"{paired.label}, no like-for-like pair")
         devices = f"{count} {(units_of, unit_of)[count == 1](twins[0]['config'])}"
-        lines.append(fit(f"  GPU-bound, whole runs, {devices} × {batch}, {variant}: {figure}"))
+        lines.append(fit(f"  GPU-bound, {devices} × {batch}, {variant}: {figure}"))
     lines += [f"  GPU-bound: no pair at {batch} img per device (--all shows every pair)"] * (len(lines) == 1)
     noisy = sum(host_bound(native, twin) for native, twin in pairs)
     lines += [f"  host-bound: whole runs differ by more than the cost ({noisy} pairs here); loops interleaved in one "
@@ -994,8 +994,8 @@ def sharding_answer(runs):
     key = max(groups, key=lambda key: len(groups[key]))
     config = groups[key][0][0]["config"]
     others = f"; {len(groups) - 1} other setups: --all" if len(groups) > 1 else ""
-    lines = [fit(f"Sharding / DDP of the same launch ({workload(config)}, {config.world_size} {units_of(config)}"
-                 f"{others}):")]
+    lines = [fit(f"Sharding, % of the ddp run of its launch ({workload(config)}, {config.world_size} "
+                 f"{units_of(config)}{others}):")]
     found = defaultdict(list)
     for baseline, members in groups[key]:
         for run in members:
@@ -1014,7 +1014,7 @@ def sharding_answer(runs):
         peak = (f", peak memory {span([value for value, _ in memory], [run for _, run in memory], percent_text)} %"
                 if memory else "")
         runs_used = [run for run, _ in pairs]
-        lines.append(fit(f"  {strategy}: speed {span(speed, runs_used, percent_text)} % of ddp's{peak} "
+        lines.append(fit(f"  {strategy}: speed {span(speed, runs_used, percent_text)} %{peak} "
                          f"({counts(runs_used, what='launch').replace('launchs', 'launches')})"))
     return lines
 
@@ -1025,8 +1025,8 @@ def answer(runs, paths):
     rows = aggregate(runs)
     ok = sum(run["status"] == "ok" for run in runs)
     machines = len({run["machine"] for run in runs} - {None})
-    lines = [fit(f"{len(runs)} results ({ok} ok) from {', '.join(map(str, paths))} on {machines} machine"
-                 f"{'s' * (machines != 1)} (devices that ran together); ranges over every run")]
+    lines = [fit(f"{len(runs)} results ({ok} ok) in {', '.join(map(str, paths))}, {machines} machine"
+                 f"{'s' * (machines != 1)}")]
     speed, found = speed_answer(rows)
     lines += speed + scaling_answer(rows) + lightning_answer(rows, found) + sharding_answer(runs)
     lines.append("Every table: report.py --all [PATH]; a launch's strategies: --sharding; noisy: an unsteady run; "
@@ -1241,7 +1241,6 @@ def sections(runs, comparisons):
             "sharding-answer": lambda document: sharding_block(runs), "sharding": lambda document: launch_block(runs),
             "lightning-cost": lambda document: lightning_block(runs),
             "results": lambda document: render_markdown(runs, folder(document), "##", comparisons),
-            "comparisons": lambda document: comparisons_table(comparisons, folder(document)),
             "noise": lambda document: noise_table(comparisons, folder(document))}
 
 

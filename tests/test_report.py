@@ -724,7 +724,7 @@ def test_check_passes_against_itself_and_keeps_the_table():
         proc = run_report(FIXTURES / "native-weak-1proc.json", "--check-against", FIXTURES / "native-weak-1proc.json",
                           "--tolerance", tolerance)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert proc.stdout.startswith("1 results (1 ok)")  # the answer, as without the check
+        assert proc.stdout.startswith("1 results (1 ok) in ")  # the answer, as without the check
         assert check_lines(proc)[0].startswith("check passed: 1 result within 5.0% of")
 
 
@@ -898,12 +898,12 @@ def test_without_a_path_it_answers_from_results_on_one_screen():
     lines = one_screen(run_report())
     assert lines == one_screen(run_report("results"))
     answers = {line.split(" (")[0].split(":")[0] for line in lines if not line.startswith(" ")}
-    assert {"DDP speed", "Scaling efficiency, weak", "Lightning / native img/s", "Sharding / DDP of the same launch",
+    assert {"DDP speed", "Scaling efficiency, weak", "Lightning / native img/s", "Sharding, % of the ddp run of its launch",
             "Scaling, strong"} <= answers
     # the range of the default mode over every one of its runs, the flag of the dirty run at its top
     speed = next(line for line in lines if line.startswith("  NVIDIA H200") and "the defaults" in line)
     assert "4,692–4,751 (dirty) img/s (56 runs, 19 machines)" in speed
-    assert "oss_ddp: speed 90.6 (dirty)–93.4 % of ddp's" in "\n".join(lines)
+    assert "oss_ddp: speed 90.6 (dirty)–93.4 %" in "\n".join(lines)
     assert "slurm/scaling_sweep.sh strong" in "\n".join(lines)  # no strong series: the command that measures one
 
 
@@ -933,17 +933,21 @@ def test_range_ends_carry_their_runs_flags(tmp_path):
 # ---------------------------------------------------------------------------- generated answers
 
 def test_answers_follow_the_pairing_rules(committed):
-    """The honest versions: a range over every repeat with its count, and a pair of two machines only labelled."""
+    """The honest versions: a range over every repeat with its counts and the flags of its ends, and a pair of two
+    machines only labelled."""
     runs = committed[0]
     default = report.pick(runs)
     assert len(default) > 20 and all(run["config"].world_size == 1 for run in default)
-    assert report.rates_text(default).startswith("4,692–4,751 img/s (")
+    low, high = min(default, key=pairing.rate), max(default, key=pairing.rate)
+    assert report.rates_text(default) == (f"{low['images_per_second']:,.0f}{report.flag(low)}–"
+                                          f"{high['images_per_second']:,.0f}{report.flag(high)} img/s "
+                                          f"({len(default)} runs, {len({run['machine'] for run in default})} machines)")
     stock_pieces = report.pick(runs, **report.TWIN, world_size=2, gradient_as_bucket_view=False,
                                lightning_sigterm_sync=True, lightning_ddp_side_stream=report.ANY)
     no_views = report.pick(runs, world_size=2, gradient_as_bucket_view=False)
-    assert report.ratio_of(stock_pieces, no_views) == "0.913, across machines"  # never a headline figure
-    ratios, used = report.Evidence(runs, "README.md").sharding("oss_ddp", **report.SHARDING_SGD)
-    assert report.launches_text(ratios, used) == "90.6–93.4 % (3 launches on 3 machines)"  # not the best of them
+    assert report.ratio_of(stock_pieces, no_views).endswith(", across machines")  # never a headline figure
+    found = report.sharding_pairs(report.launches(runs), "oss_ddp", **report.SHARDING_SGD)
+    assert len(found) == 3 and all(run["launch_id"] == base["launch_id"] for _, run, base in found)  # not the best
 
 
 # ---------------------------------------------------------------------------- the Markdown file
