@@ -1,49 +1,34 @@
-"""Tables, plots, a regression check and the documents' generated blocks from the benchmarks' result files.
+"""The benchmarks' answers from their result files: one screen by default, every table, plots, a regression check
+and the documents' generated blocks.
 
-    python report.py results/                                   # Markdown report on stdout
-    python report.py results/ runs/ --markdown report.md --plots plots/
+    python report.py                                            # the answers on one screen, from results/
+    python report.py runs/sweep/                                # ... from a folder of your own runs
+    python report.py results/ --all                             # every table, as Markdown (--markdown report.md)
     python report.py runs/ci.json --check-against results/nvidia-h200-x2-2026-11-30b --tolerance 5%
     python report.py runs/s-*.json --sharding                   # only the sharding tables of oss_benchmark.py
     python report.py --docs                                     # regenerate the documents' generated blocks
     python report.py --check-docs                               # exit 1 when one of them is stale
 
-Inputs are result files or folders, searched recursively for *.json (hidden files, such as a run's half-written
-.tmp-*.json, are left out). Each file is validated with schema/result.schema.json; a file that cannot be read, is
-not JSON or fails the schema is skipped with a one-line warning naming the first broken rule; when every file is
-skipped, that is one error line. compare.py's comparison files feed the comparison table.
+Inputs are result files or folders, searched recursively for *.json; each is validated with
+schema/result.schema.json and skipped with a one-line warning naming its first broken rule (every file skipped:
+one error line). compare.py's comparison files feed the comparison tables.
 
-A configuration is everything that changes what is measured: the device (GPU name, or the CPU), the torch version,
-model, image size, precision, memory format, compile mode, optimizer, then the benchmark, strategy, script-specific
-options (shown next to the strategy where they tell rows apart), node count, world size, batch mode and batch
-sizes. Step counts, seeds, learning rate, timeouts and output paths are not part of it, nor are DDP's options on
-one rank (the native script and its twin build no DDP there), nor FSDP's options for the other strategies; NCCL's
-tuning variables in the recorded environment are (nccl_environment). Results with the same configuration are
-repeats: the ok ones become one row (the median of each figure, the range of throughput over every repeat, the
-number of runs and machines); a result that did not end ok gets a row of its own, marked with its status, and
-stays out of every comparison. Results that found their own run unsteady (halves of the timed steps that differ,
-or a host-bound step) are marked "noisy: repeat or interleave"; those without a verdict "stability unknown".
+A configuration is everything that changes what is measured (device, torch version, model, image size, precision,
+memory format, compile mode, optimizer, benchmark, strategy, the script's options, nodes, world size, batch); step
+counts, seeds and paths are not. Repeats of a configuration that ended ok are one row: medians, the range over
+every repeat, runs and machines (a machine: the devices that ran together). A result that did not end ok gets a
+row of its own and stays out of every comparison. "noisy" marks a result that found its own run unsteady, "dirty"
+one whose commit had uncommitted changes: a range end from such a run says so.
 
-Pairing rules: a ratio (scaling, Lightning / native, strategy / ddp, option / default) is computed only between
-results of the same machine (the same GPU UUIDs; on the CPU the same hosts and CPU; for scaling, base runs on the
-larger run's own GPUs, covering all of them), the same git commit and the same software versions (analysis.py's
-SOFTWARE, where both record them). Each run of the numerator is divided by the median of its like-for-like
-denominators, and the range over those runs is printed with their count. A pair without such a partner is printed
-from the rows' medians and labelled "across machines" or "across commits/software"; it never makes a headline.
-Peak memory is compared only between results that took it over the same steps (their memory window).
+Pairing rules: a ratio (scaling, Lightning / native, strategy / ddp, option / default) divides only results of the
+same devices (for scaling, the base runs cover the larger run's own devices), git commit and software versions.
+Each numerator run is divided by the median of its like-for-like denominators, and the range over those runs is
+given with their counts. A pair without such a partner is given from the medians, labelled "across machines" or
+"across commits/software", and never headlines. Peak memory is compared only over the same steps.
 
-Tables (Markdown): every configuration; weak and strong scaling (efficiency = throughput(N) / (N / N_base x
-throughput(N_base)), N_base the smallest count of the series); Lightning over native DDP; the sharding strategies
-of oss_benchmark.py, one table per launch, each strategy against the ddp of its own launch; compare.py's comparisons.
-
-Regression check: every current result is compared with the median of the reference results of its configuration
-(software versions aside: catching what a new version costs is the point). A throughput drop or a peak memory rise
-beyond the tolerance, or a status other than ok, is a violation: one line each, exit 1. A current result without a
-reference is reported with the fields in which the nearest reference differs; when that leaves nothing checked and
-nothing failed, the reference is incomparable (exit 2).
-
-Generated blocks: README.md, docs/*.md and lightning/README.md hold blocks between <!-- generated:NAME --> and
-<!-- /generated:NAME --> (the package's engine); --docs regenerates every one of them, report.py's from the
-committed results (results/) and scaling_model.py's sections, and --check-docs exits 1 when one differs.
+Regression check: every current result against the median of the reference results of its configuration (software
+versions aside); a throughput drop or a peak memory rise beyond the tolerance, or a status other than ok, is a
+violation (one line each, exit 1); a reference of other configurations only is an unusable invocation.
 
 Exit codes: 0 fine, 1 regression or stale block, 2 unusable invocation (one line on stderr).
 """
@@ -80,19 +65,6 @@ MAX_LINE = 200  # a check line's length at most
 
 
 # ---------------------------------------------------------------------------- Markdown
-
-def machines_text(runs):
-    """How many runs and machines a figure rests on (the machines that the results name)."""
-    count, machines = len(runs), len({run["machine"] for run in runs} - {None})
-    text = f"{count} run{'s' * (count != 1)}"
-    return text + f", {machines} machine{'s' * (machines != 1)}" if machines else text
-
-
-def range_text(values, text):
-    """min–max of values through text(value), or the value alone."""
-    low, high = text(min(values)), text(max(values))
-    return low if low == high else f"{low}–{high}"
-
 
 def ratio_text(value):
     return f"{value:.3f}"
@@ -137,8 +109,8 @@ def memory_cell(row, named, window=None):
     return "; ".join(format_mib(allocated) + (f" ({name})" if named else "") for name, (allocated, _) in figures)
 
 
-def format_percent(fraction, signed=False):
-    return "–" if fraction is None else f"{fraction * 100:{'+' if signed else ''}.1f} %"
+def format_percent(fraction):
+    return "–" if fraction is None else f"{fraction * 100:.1f} %"
 
 
 def format_ratio(value):
@@ -157,11 +129,12 @@ def rank0_cell(row):
 
 
 def range_cell(row):
-    """Throughput's range over every repeat, and its spread (max − min) / median."""
+    """Throughput's range over every repeat, the flags of its ends, and its spread (max − min) / median."""
     if row["range"] is None or len(row["runs"]) < 2:
         return "–"
-    low, high = row["range"]
-    return f"{format_rate(low, like=high)}–{format_rate(high)} ({format_percent(row['spread'])})"
+    values = [rate(run) for run in row["runs"]]
+    ends = span(values, row["runs"], lambda value: format_rate(value, like=max(values)))
+    return f"{ends} ({format_percent(row['spread'])})"
 
 
 def format_status(row):
@@ -174,21 +147,6 @@ def format_status(row):
         unknown = len(row["unknown_stability"])
         return f"ok, {UNKNOWN_STABILITY}" if unknown == runs else f"ok, {UNKNOWN_STABILITY} for {unknown} of {runs}"
     return "ok"
-
-
-def caution(*rows):
-    """What a figure from these rows must carry: noisy, or stability unknown; None for steady rows."""
-    if any(row["noisy"] for row in rows):
-        return NOISY
-    if any(row["unknown_stability"] for row in rows):
-        return UNKNOWN_STABILITY
-    return None
-
-
-def notes_text(*notes):
-    """ (a; b) of the notes that are not None, or ''."""
-    given = [note for note in notes if note]
-    return f" ({'; '.join(given)})" if given else ""
 
 
 def failure_text(run):
@@ -282,7 +240,7 @@ def all_runs_table(rows, labels):
         lines.append([config.benchmark, strategy_text(config, labels), devices_text(config),
                       config.batch_mode.replace("_", " "), str(config.batch_size_per_device),
                       f"{config.global_batch_size:,}", rank0_cell(row), format_rate(row["images_per_second"]),
-                      range_cell(row), format_mfu(row), memory_cell(row, len(windows) > 1), machines_text(row["runs"]),
+                      range_cell(row), format_mfu(row), memory_cell(row, len(windows) > 1), counts(row["runs"]),
                       format_status(row)])
         if row["status"] != "ok":
             failures.append(f"- ✗ {row['status']} in `{row['runs'][0]['path'].name}`: {failure_text(row['runs'][0])}")
@@ -293,62 +251,91 @@ def all_runs_table(rows, labels):
     return "\n\n".join(["**All configurations**", table(header, lines), *(["\n".join(notes)] if notes else [])])
 
 
-def scaling_cells(row, base, weak):
-    """(speed-up, efficiency) cells of a row against its series' base row: the range over its runs that have
-    base runs on their own devices with their build, else from the rows' medians, labelled."""
-    base_count = base["config"].world_size
-    figures = [(run, scaling_figures(run, base["runs"], base_count)) for run in row["runs"]]
-    paired = [(run, figure) for run, figure in figures if figure is not None]
-    if row is base:
-        return "1.00×", "100.0 %"
-    if paired:
-        runs = [run for run, _ in paired]
-        speedups, efficiencies = [figure[0] for _, figure in paired], [figure[1] for _, figure in paired]
-        return (f"{range_text(speedups, lambda value: f'{value:.2f}')}×",
-                f"{range_text(efficiencies, percent_text)} %{notes_text(machines_text(runs), caution(row, base))}")
-    speedup = row["images_per_second"] / base["images_per_second"]
-    label = scaling_label(row["runs"], base["runs"])
-    efficiency = speedup / (row["config"].world_size / base_count)
-    return f"{speedup:.2f}× {label}", f"{percent_text(efficiency)} % {label}{notes_text(caution(row, base))}"
+def flag(run):
+    """A run's caution at a range's end: noisy (unsteady), dirty (its commit does not name the code that ran)."""
+    marks = [word for word, on in (("noisy", run["noisy"]), ("dirty", run["dirty"])) if on]
+    return f" ({', '.join(marks)})" if marks else ""
+
+
+def span(values, runs, text):
+    """low–high of values through text, each end with its run's flag: '7,926 (noisy)–8,115'."""
+    low, high = min(range(len(values)), key=values.__getitem__), max(range(len(values)), key=values.__getitem__)
+    ends = text(values[low]) + flag(runs[low]), text(values[high]) + flag(runs[high])
+    return ends[0] if ends[0] == ends[1] else f"{ends[0]}–{ends[1]}"
+
+
+def counts(runs, unpaired=0, what="run"):
+    machines = len({run["machine"] for run in runs} - {None})
+    alone = f", {unpaired} unpaired" if unpaired else ""
+    return f"{len(runs)} {what}{'s' * (len(runs) != 1)}, {machines} machine{'s' * (machines != 1)}{alone}"
+
+
+def rates_text(runs):
+    """'4,692–4,751 (dirty) img/s (56 runs, 19 machines)': every run's img/s, the flags of the range's ends."""
+    if not runs:
+        return "not measured"
+    values = [rate(run) for run in runs]
+    return f"{span(values, runs, lambda value: format_rate(value, like=max(values)))} img/s ({counts(runs)})"
+
+
+def both(a, b):
+    """The flags of a ratio: noisy or dirty where either side is."""
+    return {"noisy": a["noisy"] or b["noisy"], "dirty": a["dirty"] or b["dirty"]}
+
+
+def ratio_of(numerators, denominators, text=ratio_text):
+    """B / A under the pairing rules: the range over B's like-for-like runs with their counts, else the medians'
+    ratio labelled (never a headline)."""
+    if not numerators or not denominators:
+        return "not measured"
+    paired = paired_ratios(numerators, denominators)
+    if not paired.values:
+        median = statistics.median(map(rate, numerators)) / statistics.median(map(rate, denominators))
+        return f"{text(median)}, {paired.label}"
+    ends = [both(run, next(base for base in denominators if unlike(run, base) is None)) for run in paired.runs]
+    return f"{span(paired.values, ends, text)} ({counts(paired.runs, len(numerators) - len(paired.runs))})"
+
+
+def scaling_of(runs, base_runs):
+    """Scaling efficiency of each run against base runs on its own GPUs, commit and software, as a range."""
+    if not runs or not base_runs:
+        return "not measured"
+    base_count = min(run["config"].world_size for run in base_runs)
+    paired = [(run, figures[1]) for run in runs for figures in [scaling_figures(run, base_runs, base_count)] if figures]
+    if not paired:  # from the medians, labelled: never a headline
+        efficiency = statistics.median(map(rate, runs)) / statistics.median(map(rate, base_runs)) / (
+            runs[0]["config"].world_size / base_count)
+        return f"{percent_text(efficiency)} % {scaling_label(runs, base_runs)}"
+    chosen = [run for run, _ in paired]
+    return f"{span([value for _, value in paired], chosen, percent_text)} % ({counts(chosen, len(runs) - len(chosen))})"
 
 
 def scaling_table(rows, labels, batch_mode):
     """Weak (per_device) or strong (global) scaling. Against the fewest GPUs of each series (N_base):
-    speed-up = T(N) / T(N_base), ideal = N / N_base, efficiency = T(N) / (N / N_base x T(N_base))."""
+    ideal speed-up = N / N_base, efficiency = T(N) / (N / N_base x T(N_base))."""
     unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
     weak = batch_mode == "per_device"
     for series in scaling_series(rows, batch_mode):
         base = series[0]
         for row in series:
             config = row["config"]
-            speedup, efficiency = scaling_cells(row, base, weak)
+            efficiency = "100.0 %" if row is base else scaling_of(row["runs"], base["runs"])
             ideal = config.world_size / base["config"].world_size
             per_device, global_batch = str(config.batch_size_per_device), f"{config.global_batch_size:,}"
             lines.append([config.benchmark, strategy_text(config, labels),
                           per_device if weak else global_batch, devices_text(config),
                           global_batch if weak else per_device, format_rate(row["images_per_second"]),
-                          format_rate(row["images_per_second"] / config.world_size), speedup,
-                          format_ratio(ideal), efficiency])
+                          format_rate(row["images_per_second"] / config.world_size), format_ratio(ideal),
+                          efficiency])
     if not lines:
         return None
     batches = [f"batch (img/{unit})", "global batch (img)"]
     header = ["benchmark", "strategy", batches[not weak], units, batches[weak], "Throughput (img/s)",
-              f"Throughput per {unit} (img/s)", f"Speed-up vs fewest {units}", "Ideal speed-up",
-              "Scaling efficiency"]
+              f"Throughput per {unit} (img/s)", "Ideal speed-up", "Scaling efficiency"]
     kind = f"**Weak scaling** (fixed batch per {unit}" if weak else "**Strong scaling** (fixed global batch"
     return "\n\n".join([wrap(f"{kind}; efficiency = throughput(N) / (N / N_base × throughput(N_base)), N_base the "
                              f"fewest {units} of the series; each run against base runs on its own {units})"),
                         table(header, lines)])
-
-
-def paired_cell(numerator, denominator, value=rate):
-    """A ratio of two rows under the pairing rules: the range over the numerator's like-for-like runs with their
-    count, or the rows' medians labelled across machines (or commits/software); noisy or unknown stability said."""
-    paired = paired_ratios(numerator["runs"], denominator["runs"], value)
-    cautious = caution(numerator, denominator)
-    if paired.values:
-        return f"{range_text(paired.values, ratio_text)}{notes_text(machines_text(paired.runs), cautious)}"
-    return f"{ratio_text(value(numerator) / value(denominator))} {paired.label}{notes_text(cautious)}"
 
 
 def lightning_table(rows, labels):
@@ -366,7 +353,7 @@ def lightning_table(rows, labels):
                       strategy_text(native["config"], labels), format_rate(native["images_per_second"]),
                       strategy_text(config, labels), lightning_variant(config),
                       format_rate(lightning["images_per_second"]),
-                      paired_cell(lightning, native),
+                      ratio_of(lightning["runs"], native["runs"]),
                       memory_cell(native, named, window), memory_cell(lightning, named, window),
                       format_ratio(memory_ratio)])
     if not lines:
@@ -527,12 +514,7 @@ def comparison_label(a, b):
         return (f"{names.get(script_b, f'`{script_b}`')} / {names.get(script_a, f'`{script_a}`')}"
                 + (f", both `{shared}`" if shared.strip() else ""))
     extra = [option for option in options_b if option not in options_a]
-    if {"--coordinate-descent-tuning", "--sums-batch-norm", "--cuda-graphs"} <= set(extra):
-        precision = extra[extra.index("--precision") + 1] if "--precision" in extra else "bf16"
-        extra = f"the fastest mode in {precision}"  # performance.md's section of that name gives its options
-    else:
-        extra = f"`{' '.join(extra)}`"
-    return f"{extra} / {options_text(options_a)}"
+    return f"`{' '.join(extra)}` / {options_text(options_a)}"
 
 
 def comparison_result(document):
@@ -605,16 +587,12 @@ def noise_table(comparisons, base):
 # ---------------------------------------------------------------------------- the report
 
 EXPLANATION = wrap(
-    "Each row is one configuration. Throughput = images of all ranks / wall time of the timed steps; rank 0's median "
-    "throughput ± MAD comes from its per-step times; MFU = achieved FLOP/s over the GPU's dense peak (— where there "
-    "is no peak, as on the CPU); peak memory = the largest `max_memory_allocated` over the ranks (n/a on the CPU), "
-    "over the steps its column or figure names (figures over different steps are never compared). Repeats of a "
-    "configuration that ended ok are aggregated: the median over the runs, the range over every run and its spread "
-    "(max − min) / median, and how many runs and machines they are. Runs that did not end ok (✗) get a row each and "
-    "stay out of every comparison. A ratio is computed only between runs of the same machine (GPU UUIDs), commit and "
-    f"software; any other pair is labelled \"{ACROSS_MACHINES}\" or \"{ACROSS_BUILDS}\". \"{NOISY}\" marks results "
-    "that found their own run unsteady (its two halves differ, or the host bounds the step): one such run is not "
-    f"enough; \"{UNKNOWN_STABILITY}\" marks results written before the scripts judged it.")
+    "Each row is one configuration, its ok repeats aggregated: medians, the range over every run with its spread "
+    "(max − min) / median, runs and machines; a run that did not end ok (✗) gets its own row. Throughput = images of "
+    "all ranks / wall time of the timed steps; MFU = achieved FLOP/s over the GPU's dense peak (— without one); peak "
+    "memory = the largest `max_memory_allocated` over the ranks, over the steps its column names. A ratio divides "
+    "only runs of the same devices, commit and software, else it is labelled \"across ...\"; \"noisy\" marks a run "
+    f"that found itself unsteady, \"dirty\" one of uncommitted code, \"{UNKNOWN_STABILITY}\" an older run.")
 
 
 def runs_of(rows):
@@ -826,25 +804,6 @@ COMMANDS = {  # what measures a question that the results cannot answer
     "sharding": "torchrun --standalone --nproc-per-node 2 oss_benchmark.py"}
 
 
-def flag(run):
-    """A run's caution at a range's end: noisy (unsteady), dirty (its commit does not name the code that ran)."""
-    marks = [word for word, on in (("noisy", run["noisy"]), ("dirty", run["dirty"])) if on]
-    return f" ({', '.join(marks)})" if marks else ""
-
-
-def span(values, runs, text):
-    """low–high of values through text, each end with its run's flag: '7,926 (noisy)–8,115'."""
-    low, high = min(range(len(values)), key=values.__getitem__), max(range(len(values)), key=values.__getitem__)
-    ends = text(values[low]) + flag(runs[low]), text(values[high]) + flag(runs[high])
-    return ends[0] if ends[0] == ends[1] else f"{ends[0]}–{ends[1]}"
-
-
-def counts(runs, unpaired=0, what="run"):
-    machines = len({run["machine"] for run in runs} - {None})
-    alone = f", {unpaired} unpaired" if unpaired else ""
-    return f"{len(runs)} {what}{'s' * (len(runs) != 1)}, {machines} machine{'s' * (machines != 1)}{alone}"
-
-
 def fit(text, width=WIDTH):
     return text if len(text) <= width else text[:width - 1] + "…"
 
@@ -879,27 +838,21 @@ def speed_answer(rows):
     native = [row for row in rows if row["status"] == "ok" and row["config"].benchmark == NATIVE
               and row["config"].world_size == 1]
     if not native:
-        return [f"DDP speed: no one-device run of ddp_resnet50.py; measure: {COMMANDS['speed']}"], None
+        return [f"DDP speed: no one-device run of ddp_resnet50.py; measure: {COMMANDS['speed']}"]
     usual = usual_options(native)
-    lines, defaults = ["DDP speed (ddp_resnet50.py, one device; img/s over every run of a mode):"], {}
+    lines = ["DDP speed (ddp_resnet50.py, one device; img/s over every run of a mode):"]
     for device in sorted({row["config"].device_name for row in native}):
         mine = [row for row in native if row["config"].device_name == device]
         default = max(mine, key=lambda row: (not deviations(row["config"], usual), len(row["runs"])))
-        defaults[device] = default
         same = [row for row in mine if workload(row["config"]) == workload(default["config"])]
         fastest = max(same, key=lambda row: row["images_per_second"])
         modes = " ".join(deviations(default["config"], usual)) or "the defaults"
-        lines.append(fit(f"  {workload(default['config'])}, {modes}: {rate_span(default['runs'])}"))
+        lines.append(fit(f"  {workload(default['config'])}, {modes}: {rates_text(default['runs'])}"))
         if fastest is not default:
-            lines.append(fit(f"    fastest of {len(same)} modes: {rate_span(fastest['runs'])}, with"))
+            lines.append(fit(f"    fastest of {len(same)} modes: {rates_text(fastest['runs'])}, with"))
             lines += textwrap.wrap(", ".join(deviations(fastest["config"], usual)), WIDTH, initial_indent=" " * 6,
                                    subsequent_indent=" " * 6)
-    return lines, (usual, defaults)
-
-
-def rate_span(runs):
-    values = [rate(run) for run in runs]
-    return f"{span(values, runs, lambda value: format_rate(value, like=max(values)))} img/s ({counts(runs)})"
+    return lines
 
 
 def scaling_answer(rows):
@@ -926,35 +879,23 @@ def scaling_answer(rows):
                              key=lambda row: (len(deviations(row["config"], usual)), -len(row["runs"])))
             for row in members[:3]:
                 label = ", ".join(deviations(row["config"], usual)) or "the defaults"
-                lines.append(fit(f"  {count} {units_of(config)}, {label}: {scaling_count(row, base)}"))
+                lines.append(fit(f"  {count} {units_of(config)}, {label}: {scaling_of(row['runs'], base['runs'])}"))
             lines += [f"  {count} {units_of(config)}: {len(members) - 3} more DDP settings: --all"] * (len(members) > 3)
     return lines
-
-
-def scaling_count(row, base):
-    """The efficiency range of a row's runs against the base runs on their own devices, or why there is none."""
-    runs = row["runs"]
-    figures = [(run, scaling_figures(run, base["runs"], base["config"].world_size)) for run in runs]
-    paired = [(run, figure[1]) for run, figure in figures if figure]
-    if not paired:
-        return f"{scaling_label(runs, base['runs'])}: no base run on the same devices, commit and software"
-    chosen = [run for run, _ in paired]
-    return (f"{span([value for _, value in paired], chosen, percent_text)} % "
-            f"({counts(chosen, len(runs) - len(paired))})")
 
 
 def host_bound(*rows):
     return any("host-bound" in (run["noisy_reason"] or "") for row in rows for run in row["runs"])
 
 
-def lightning_answer(rows, speed):
+def lightning_answer(rows):
     """The twin against native per regime: GPU-bound from whole runs (like-for-like pairs), host-bound only
     from loops interleaved in one process (whole runs there differ by more than the cost)."""
     pairs = lightning_pairs(rows)
     if not pairs:
         return [f"Lightning / native: no pair; measure: {COMMANDS['lightning']}"]
     usual = usual_options([row for pair in pairs for row in pair])
-    batch = speed[1][min(speed[1])]["config"].batch_size_per_device if speed else None
+    batch = statistics.mode(native["config"].batch_size_per_device for native, _ in pairs)  # the usual workload
     groups = defaultdict(lambda: ([], []))
     for native, twin in pairs:
         plain = native["config"]._replace(options=beyond_ddp(native["config"].options))
@@ -967,11 +908,9 @@ def lightning_answer(rows, speed):
             groups[key][1].extend(run for run in native["runs"] if run not in groups[key][1])
     lines = ["Lightning / native img/s (whole runs on the same devices, commit and software):"]
     for (count, batch, variant), (twins, natives) in sorted(groups.items()):
-        paired = paired_ratios(twins, natives)
-        unpaired = len(twins) - len(paired.runs)
-        figure = (f"{span(paired.values, paired.runs, ratio_text)} ({counts(paired.runs, unpaired)})"
-                  if paired.values else f"{paired.label}, no like-for-like pair")
         devices = f"{count} {(units_of, unit_of)[count == 1](twins[0]['config'])}"
+        label = paired_ratios(twins, natives).label  # a pair of two machines or builds: no figure on this screen
+        figure = f"{label}: no like-for-like pair" if label else ratio_of(twins, natives)
         lines.append(fit(f"  GPU-bound, {devices} × {batch}, {variant}: {figure}"))
     lines += [f"  GPU-bound: no pair at {batch} img per device (--all shows every pair)"] * (len(lines) == 1)
     noisy = sum(host_bound(native, twin) for native, twin in pairs)
@@ -980,9 +919,10 @@ def lightning_answer(rows, speed):
     return lines
 
 
-def sharding_answer(runs):
-    """Each strategy against the ddp run of its own launch, speed (rank 0's medians) and peak memory, over the
-    launches of the most launched setup; per strategy its most launched configuration."""
+def sharding_figures(runs):
+    """(the ddp configuration of the most launched setup or None, how many other setups, one row per strategy of
+    its most launched configuration: speed of rank 0's medians and peak memory as % of the ddp run of the same
+    launch, the flags of both runs at the ends, launches and machines)."""
     groups = defaultdict(list)
     for members in launches(runs):
         baseline = next((run for run in members if run["config"].strategy == "ddp" and run["status"] == "ok"), None)
@@ -990,33 +930,38 @@ def sharding_answer(runs):
             groups[setup_of(baseline["config"]), baseline["config"].world_size,
                    baseline["config"].batch_size_per_device].append((baseline, members))
     if not groups:
-        return [f"Sharding / DDP: no launch with a ddp run; measure: {COMMANDS['sharding']}"]
+        return None, 0, []
     key = max(groups, key=lambda key: len(groups[key]))
-    config = groups[key][0][0]["config"]
-    others = f"; {len(groups) - 1} other setups: --all" if len(groups) > 1 else ""
-    lines = [fit(f"Sharding, % of the ddp run of its launch ({workload(config)}, {config.world_size} "
-                 f"{units_of(config)}{others}):")]
-    found = defaultdict(list)
+    found, best, rows = defaultdict(list), {}, []
     for baseline, members in groups[key]:
         for run in members:
             if run is not baseline and run["status"] == "ok" and unlike(run, baseline) is None:
                 found[run["config"]].append((run, baseline))
-    best = {}
-    for strategy_config, pairs in found.items():
-        if len(pairs) > len(best.get(strategy_config.strategy, [])):
-            best[strategy_config.strategy] = pairs
+    for config, pairs in found.items():
+        if len(pairs) > len(best.get(config.strategy, [])):
+            best[config.strategy] = pairs
     for strategy in sorted(best, key=strategy_rank):
         pairs = best[strategy]
-        speed = [run["rank0_median"] / baseline["rank0_median"] for run, baseline in pairs]
-        memory = [(run["peak_allocated_mib"] / baseline["peak_allocated_mib"], run) for run, baseline in pairs
-                  if run["peak_allocated_mib"] and baseline["peak_allocated_mib"]
-                  and run["memory_window"] == baseline["memory_window"]]
-        peak = (f", peak memory {span([value for value, _ in memory], [run for _, run in memory], percent_text)} %"
-                if memory else "")
-        runs_used = [run for run, _ in pairs]
-        lines.append(fit(f"  {strategy}: speed {span(speed, runs_used, percent_text)} %{peak} "
-                         f"({counts(runs_used, what='launch').replace('launchs', 'launches')})"))
-    return lines
+        speed = [run["rank0_median"] / base["rank0_median"] for run, base in pairs]
+        memory = [(run["peak_allocated_mib"] / base["peak_allocated_mib"], both(run, base)) for run, base in pairs
+                  if run["peak_allocated_mib"] and base["peak_allocated_mib"]
+                  and run["memory_window"] == base["memory_window"]]
+        rows.append([strategy, span(speed, [both(*pair) for pair in pairs], percent_text) + " %",
+                     span(*zip(*memory), percent_text) + " %" if memory else "–",
+                     counts([run for run, _ in pairs], what="launch").replace("launchs", "launches")])
+    return groups[key][0][0]["config"], len(groups) - 1, rows
+
+
+def sharding_answer(runs):
+    """Each strategy against the ddp run of its own launch, speed and peak memory, over the most launched setup."""
+    config, others, rows = sharding_figures(runs)
+    if config is None:
+        return [f"Sharding / DDP: no launch with a ddp run; measure: {COMMANDS['sharding']}"]
+    more = f"; {others} other setups: --all" if others else ""
+    return [fit(f"Sharding, % of the ddp run of its launch ({workload(config)}, {config.world_size} "
+                f"{units_of(config)}{more}):")] + [
+        fit(f"  {strategy}: speed {speed}, peak memory {memory} ({launched})") for strategy, speed, memory, launched
+        in rows]
 
 
 def answer(runs, paths):
@@ -1027,8 +972,7 @@ def answer(runs, paths):
     machines = len({run["machine"] for run in runs} - {None})
     lines = [fit(f"{len(runs)} results ({ok} ok) in {', '.join(map(str, paths))}, {machines} machine"
                  f"{'s' * (machines != 1)}")]
-    speed, found = speed_answer(rows)
-    lines += speed + scaling_answer(rows) + lightning_answer(rows, found) + sharding_answer(runs)
+    lines += speed_answer(rows) + scaling_answer(rows) + lightning_answer(rows) + sharding_answer(runs)
     lines.append("Every table: report.py --all [PATH]; a launch's strategies: --sharding; noisy: an unsteady run; "
                  "dirty: uncommitted code")
     return "\n".join(lines) + "\n"
@@ -1048,9 +992,6 @@ TWIN = {"benchmark": LIGHTNING, "strategy": "lightning_ddp"}
 FASTEST = {"precision": "fp16", "loss_scale": 1024.0, "compile_mode": "default", "coordinate_descent_tuning": True,
            "cuda_graphs": True, "stem_conv": "space_to_depth", "max_pool_backward": "dense", "batch_norm": "sums"}
 COMPUTATION_SETTINGS = ("stem_conv", "max_pool_backward", "batch_norm")
-SHARDING_SGD = {"fsdp_units": "model", "fsdp_param_dtype": "fp32", "preset": None, "cudnn_deterministic": False,
-                "world_size": 2, "optimizer_impl": ANY, "cudnn_benchmark_limit": ANY, "comm_hook": ANY,
-                "coordinate_descent_tuning": ANY}
 INTERLEAVED = REPOSITORY / "experiments" / "lightning-interleaved" / "data"
 
 
@@ -1072,41 +1013,6 @@ def pick(runs, **settings):
         for name, value in wanted.items())]
 
 
-def rates_text(runs):
-    """'4,692–4,751 (dirty) img/s (56 runs, 19 machines)': every run's img/s, the flags of the range's ends."""
-    return "not measured" if not runs else rate_span(runs)
-
-
-def both(a, b):
-    """The flags of a ratio: noisy or dirty where either side is."""
-    return {"noisy": a["noisy"] or b["noisy"], "dirty": a["dirty"] or b["dirty"]}
-
-
-def ratio_of(numerators, denominators, text=ratio_text):
-    """B / A under the pairing rules: the range over B's like-for-like runs with their counts, else the medians'
-    ratio labelled (never a headline)."""
-    if not numerators or not denominators:
-        return "not measured"
-    paired = paired_ratios(numerators, denominators)
-    if not paired.values:
-        median = statistics.median(map(rate, numerators)) / statistics.median(map(rate, denominators))
-        return f"{text(median)}, {paired.label}"
-    ends = [both(run, next(base for base in denominators if unlike(run, base) is None)) for run in paired.runs]
-    return f"{span(paired.values, ends, text)} ({counts(paired.runs, len(numerators) - len(paired.runs))})"
-
-
-def scaling_of(runs, base_runs):
-    """Scaling efficiency of each run against base runs on its own GPUs, commit and software, as a range."""
-    if not runs:
-        return "not measured"
-    base_count = min(run["config"].world_size for run in base_runs)
-    paired = [(run, figures[1]) for run in runs for figures in [scaling_figures(run, base_runs, base_count)] if figures]
-    if not paired:
-        return f"{ACROSS_MACHINES}: no base runs of its GPUs, commit and software"
-    chosen = [run for run, _ in paired]
-    return f"{span([value for _, value in paired], chosen, percent_text)} % ({counts(chosen, len(runs) - len(chosen))})"
-
-
 def interleaved(devices):
     """The twin's loop against native's, interleaved in one process (experiments/lightning-interleaved/): the
     pooled median of every block ratio, with the 95 % interval of pool.py's run bootstrap (its seed and rounds)."""
@@ -1119,17 +1025,6 @@ def interleaved(devices):
     pooled = [value for run in runs for value in run]
     return (f"{statistics.median(pooled):.3f} (95 % interval {medians[100]:.3f}–{medians[3899]:.3f}, {len(runs)} "
             f"runs of {len(pooled):,} blocks)")
-
-
-def sharding_pairs(launched, strategy, **settings):
-    """(strategy / ddp of rank 0's medians, the flags of the pair, the strategy's run) per launch that ran both."""
-    found = []
-    for members in launched:
-        chosen = pick(members, benchmark=OSS, strategy=strategy, **settings)
-        baselines = pick(members, benchmark=OSS, strategy="ddp", **settings)
-        if chosen and baselines and unlike(chosen[0], baselines[0]) is None:
-            found.append((chosen[0]["rank0_median"] / baselines[0]["rank0_median"], chosen[0], baselines[0]))
-    return found
 
 
 def performance_block(runs):
@@ -1157,7 +1052,8 @@ ONE_GPU_MODES = [  # docs/performance.md's one-GPU table: (mode, settings)
     ("eager fp16 with PyTorch's GradScaler", {"precision": "fp16", "loss_scale": "dynamic"}),
     ("eager fp16, `--loss-scale 1024`", {"precision": "fp16", "loss_scale": 1024.0}),
     ("`--compile`, bf16", {"compile_mode": "default"}),
-    ("`--compile`, fp16 with the GradScaler", {"compile_mode": "default", "precision": "fp16", "loss_scale": "dynamic"}),
+    ("`--compile`, fp16 with the GradScaler", {"compile_mode": "default", "precision": "fp16",
+                                               "loss_scale": "dynamic"}),
     ("`--compile --cuda-graphs`, bf16", {"compile_mode": "default", "cuda_graphs": True}),
     ("`--compile --cuda-graphs --coordinate-descent-tuning`, bf16", {"compile_mode": "default", "cuda_graphs": True,
                                                                       "coordinate_descent_tuning": True}),
@@ -1176,41 +1072,15 @@ def one_gpu_block(runs):
 
 
 def sharding_block(runs):
-    """docs/sharding.md's answer: each strategy against the ddp run of its own launch (2 GPUs, SGD, 224 px)."""
-    launched, rows = launches(runs), []
-    for strategy in SHARDING_ORDER[1:]:
-        found = sharding_pairs(launched, strategy, **SHARDING_SGD)
-        if not found:
-            continue
-        memory = [(run["peak_allocated_mib"] / base["peak_allocated_mib"], both(run, base)) for _, run, base in found
-                  if run["memory_window"] == base["memory_window"] and run["peak_allocated_mib"]]
-        rows.append([strategy, span([ratio for ratio, *_ in found], [both(*pair) for _, *pair in found], percent_text)
-                     + " %", span(*zip(*memory), percent_text) + " %" if memory else "–",
-                     counts([run for _, run, _ in found], what="launch").replace("launchs", "launches")])
-    return table(["strategy", "speed, % of ddp's", "peak memory, % of ddp's", "launches, machines"], rows)
+    """docs/sharding.md's answer: the one-screen answer's sharding lines as a table."""
+    return table(["strategy", "speed, % of ddp's", "peak memory, % of ddp's", "launches, machines"],
+                 sharding_figures(runs)[2])
 
 
-def launch_block(runs):
-    """docs/sharding.md's evidence: one launch at 224 px (SGD), each strategy's phases and collectives."""
-    members = next(members for members in launches(runs)
-                   if members[0]["path"].name.startswith("x5-sharding-2gpu-bf16-256-sgd-"))
-    baseline = next(run for run in members if run["config"].strategy == "ddp")
-    rows = []
-    for run in members:
-        phases, analysis = phase_ms(run["analysis"]), run["analysis"] or {}
-        syncs = [phases[name] for name in ("parameter_sync", "parameter_sync_before_forward") if phases[name]]
-        rows.append([run["config"].strategy, format_rate(rate(run)) + flag(run), versus_ddp(run, baseline),
-                     " / ".join(format_number(phases[name], 1) for name in ("forward", "backward", "optimizer_step"))
-                     + f" / {format_number(sum(syncs) if syncs else None, 1)}",
-                     format_number(analysis.get("host_phase_sum_ms_median"), 1), collectives_cells(analysis)[1],
-                     state_cells(analysis)[0], format_mib(run["peak_allocated_mib"])])
-    return "\n\n".join([f"Launch: {files_link(members, runs)}", table(
-        ["strategy", "img/s", "vs ddp", "forward / backward / step / sync ms", "host ms per step",
-         "MiB per step measured (analytic)", "optimizer state MiB/rank", "peak MiB"], rows)])
-
-
-def files_link(members, _runs):
-    return f"`{display_path(members[0]['path'].parent)}/{os.path.commonprefix([run['path'].name for run in members])}*`"
+def launch_block(runs, base):
+    """docs/sharding.md's evidence: the launch at 224 px (SGD) that its prose walks through, as --sharding shows it."""
+    return sharding_table(next(members for members in launches(runs)
+                               if members[0]["path"].name.startswith("x5-sharding-2gpu-bf16-256-sgd-")), base)
 
 
 def lightning_block(runs):
@@ -1218,7 +1088,8 @@ def lightning_block(runs):
     two = {**TWIN, "world_size": 2}
     cases = [("1 GPU (no DDP: stock and matched alike)", pick(runs, **TWIN), pick(runs)),
              ("2 GPUs, matched (DDP on the current stream, no broadcast)",
-              pick(runs, **two, lightning_ddp_side_stream=False, lightning_sigterm_sync=False), pick(runs, world_size=2)),
+              pick(runs, **two, lightning_ddp_side_stream=False, lightning_sigterm_sync=False),
+              pick(runs, world_size=2)),
              ("2 GPUs, DDP on Lightning's side stream, no broadcast",
               pick(runs, **two, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False),
               pick(runs, world_size=2)),
@@ -1238,7 +1109,8 @@ def sections(runs, comparisons):
     return {"summary": lambda document: f"```text\n{answer(runs, ['results'])}```",
             "interleaved-1": lambda document: interleaved(1), "interleaved-2": lambda document: interleaved(2),
             "performance": lambda document: performance_block(runs), "one-gpu": lambda document: one_gpu_block(runs),
-            "sharding-answer": lambda document: sharding_block(runs), "sharding": lambda document: launch_block(runs),
+            "sharding-answer": lambda document: sharding_block(runs),
+            "sharding": lambda document: launch_block(runs, folder(document)),
             "lightning-cost": lambda document: lightning_block(runs),
             "results": lambda document: render_markdown(runs, folder(document), "##", comparisons),
             "noise": lambda document: noise_table(comparisons, folder(document))}
@@ -1274,30 +1146,15 @@ def differences(current, reference):
     return found
 
 
-def fitted(starts, items, limit=MAX_LINE):
-    """The first of starts (longer to shorter) that can be followed by at least one of items, with as many items
-    (comma-separated) as fit within limit characters, then how many were left out."""
-    for start in starts:
-        for count in range(len(items), 0, -1):
-            left = len(items) - count
-            text = start + ", ".join(items[:count]) + (f" and {left} more" if left else "")
-            if len(text) <= limit:
-                return text
-    return (starts[-1] + f"{len(items)} fields")[:limit]
-
-
 INCOMPARABLE = "incomparable: no result in {where} has the configuration of {name}; the nearest differs in "
 UNCHECKED = ("report.py: warning: {name}: not checked, no reference in {where} with its configuration; the nearest "
              "differs in ")
 
 
 def mismatch_line(template, name, run, references, reference_path, limit=MAX_LINE):
-    """template with the paths as given, else with their file names only, then the fields in which the nearest
-    reference differs, as many as fit within limit characters."""
-    where = display_path(reference_path, pathlib.Path.cwd())
-    starts = [template.format(name=name, where=where),
-              template.format(name=pathlib.Path(name).name, where=pathlib.Path(where).name)]
-    return fitted(starts, nearest_difference(run["config"], references), limit)
+    """template with the file names, then the fields in which the nearest reference differs, within limit."""
+    start = template.format(name=pathlib.Path(name).name, where=pathlib.Path(reference_path).name)
+    return fit(start + ", ".join(nearest_difference(run["config"], references)), limit)
 
 
 def nearest_difference(config, references):

@@ -19,8 +19,8 @@ REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 SCHEMA_PATH = REPOSITORY / "schema" / "result.schema.json"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 SCHEMA_VERSION = 2  # the result files' format that the analysis tools read (schema/result.schema.json)
-# The packages whose versions a result records: results that differ in one of them are not like for like.
 MIN_PAIRS = 4  # compare.py: fewer pairs give no interval worth a verdict (t at 1-2 degrees of freedom)
+# The packages whose versions a result records: results that differ in one of them are not like for like.
 SOFTWARE = ("python", "torch", "cuda", "cudnn", "nccl", "torchvision", "lightning", "fairscale")
 # A list of plain values longer than this is validated through a sample (schema_sample).
 SAMPLED_LIST_LENGTH = 16

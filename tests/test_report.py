@@ -332,22 +332,19 @@ def test_scaling_tables_pair_runs_that_differ_only_in_world_size():
     native_two = [rate("native-weak-2proc-a"), rate("native-weak-2proc-b")]
     one = rate("native-weak-1proc")
     efficiencies = sorted(two / (2 * one) * 100 for two in native_two)  # each run against the one-process base
-    speedups = sorted(two / one for two in native_two)
     lightning_one, lightning_two = rate("lightning-weak-1proc"), rate("lightning-weak-2proc")
     assert weak == [
-        ["ddp_resnet50.py", "ddp", "4", "1", "4", shown(one), shown(one), "1.00×", "1.00×", "100.0 %"],
+        ["ddp_resnet50.py", "ddp", "4", "1", "4", shown(one), shown(one), "1.00×", "100.0 %"],
         ["ddp_resnet50.py", "ddp", "4", "2", "8", shown(statistics.median(native_two)),
-         shown(statistics.median(native_two) / 2), f"{speedups[0]:.2f}–{speedups[1]:.2f}×", "2.00×",
-         f"{efficiencies[0]:.1f}–{efficiencies[1]:.1f} % (2 runs, 1 machine; {UNKNOWN})"],
+         shown(statistics.median(native_two) / 2), "2.00×",
+         f"{efficiencies[0]:.1f}–{efficiencies[1]:.1f} % (2 runs, 1 machine)"],
         ["lightning/ddp_resnet50.py", "lightning_ddp", "4", "1", "4", shown(lightning_one), shown(lightning_one),
-         "1.00×", "1.00×", "100.0 %"],
+         "1.00×", "100.0 %"],
         ["lightning/ddp_resnet50.py", "lightning_ddp", "4", "2", "8", shown(lightning_two), shown(lightning_two / 2),
-         f"{lightning_two / lightning_one:.2f}×", "2.00×",
-         f"{lightning_two / (2 * lightning_one) * 100:.1f} % (1 run, 1 machine; {UNKNOWN})"]]
+         "2.00×", f"{lightning_two / (2 * lightning_one) * 100:.1f} % (1 run, 1 machine)"]]
     strong = table_rows(markdown, "Strong scaling")
     one, two = rate("native-strong-1proc"), rate("native-strong-2proc")
-    assert strong[1][5:] == [shown(two), shown(two / 2), f"{two / one:.2f}×", "2.00×",
-                             f"{two / one / 2 * 100:.1f} % (1 run, 1 machine; {UNKNOWN})"]
+    assert strong[1][5:] == [shown(two), shown(two / 2), "2.00×", f"{two / one / 2 * 100:.1f} % (1 run, 1 machine)"]
 
 
 def test_weak_scaling_efficiency_is_against_the_smallest_count_of_the_series(tmp_path):
@@ -361,9 +358,9 @@ def test_weak_scaling_efficiency_is_against_the_smallest_count_of_the_series(tmp
         write(tmp_path / f"{count}-{first}.json", result)
     rows = table_rows(run_report("--all", tmp_path).stdout, "Weak scaling")
     # 4 GPUs: base 100 (the median 100 on GPUs 0-1 and 98 on 2-3: 99), 190 / (2 x 99); 8 GPUs: 360 / (4 x 100)
-    assert [(row[3], row[7], row[8], row[9]) for row in rows] == [
-        ("2", "1.00×", "1.00×", "100.0 %"), ("4", "1.92×", "2.00×", "96.0 % (1 run, 1 machine)"),
-        ("8", "3.60×", "4.00×", "90.0 % (1 run, 1 machine)")]
+    assert [(row[3], row[7], row[8]) for row in rows] == [
+        ("2", "1.00×", "100.0 %"), ("4", "2.00×", "96.0 % (1 run, 1 machine)"),
+        ("8", "4.00×", "90.0 % (1 run, 1 machine)")]
 
 
 def test_lightning_table_pairs_the_twins_of_one_configuration():
@@ -374,7 +371,7 @@ def test_lightning_table_pairs_the_twins_of_one_configuration():
     # The desync run and the strong-scaling runs have no Lightning twin and stay out; results from before the
     # variant was recorded say so; each Lightning run against the median of its machine's native runs.
     assert rows == [[size, "per device", "4", "ddp", shown(native), "lightning_ddp", variant,
-                     shown(lightning), f"{lightning / base:.3f} (1 run, 1 machine; {UNKNOWN})", "n/a", "n/a", "–"]
+                     shown(lightning), f"{lightning / base:.3f} (1 run, 1 machine)", "n/a", "n/a", "–"]
                     for (size, native, base, lightning), variant in zip(pairs, ["n/a (1 rank)", "variant unknown"])]
 
 
@@ -384,18 +381,18 @@ def test_ratios_are_taken_only_on_one_machine_commit_and_software(tmp_path):
     native, lightning = steady(fixture("native-weak-1proc")), steady(fixture("lightning-weak-1proc"))
     write(tmp_path / "native.json", on_gpus(rated(native, 100.0), "GPU-a"))
     write(tmp_path / "lightning.json", on_gpus(rated(lightning, 90.0), "GPU-b"))
-    assert table_rows(run_report("--all", tmp_path).stdout, "Lightning against native DDP")[0][8] == "0.900 across machines"
+    assert table_rows(run_report("--all", tmp_path).stdout, "Lightning against native DDP")[0][8] == "0.900, across machines"
     write(tmp_path / "lightning.json", on_gpus(rated(lightning, 90.0), "GPU-a"))
     assert table_rows(run_report("--all", tmp_path).stdout, "Lightning against native DDP")[0][8] == "0.900 (1 run, 1 machine)"
     other = on_gpus(rated(lightning, 90.0), "GPU-a")
     other["git"]["commit"] = "0123456"
     write(tmp_path / "lightning.json", other)
     assert table_rows(run_report("--all", tmp_path).stdout, "Lightning against native DDP")[0][8] == \
-        "0.900 across commits/software"
+        "0.900, across commits/software"
     other["git"]["commit"], other["software"]["torchvision"] = native["git"]["commit"], "0.1"
     write(tmp_path / "lightning.json", other)
     assert table_rows(run_report("--all", tmp_path).stdout, "Lightning against native DDP")[0][8] == \
-        "0.900 across commits/software"
+        "0.900, across commits/software"
     # Native runs on the Lightning run's GPU: the median of them alone is the denominator, and the range counts
     # machines.
     write(tmp_path / "lightning.json", on_gpus(rated(lightning, 90.0), "GPU-b"))
@@ -414,10 +411,10 @@ def test_scaling_uses_one_gpu_runs_on_the_larger_runs_own_gpus(tmp_path):
     write(tmp_path / "one-c.json", on_gpus(rated(one, 80.0), "GPU-c"))  # another machine: not its base
     rows = table_rows(run_report("--all", tmp_path).stdout, "Weak scaling")
     # GPU-b has no one-GPU run: the base does not cover the run's GPUs, so no like-for-like figure.
-    assert rows[1][7:] == ["2.11× across machines", "2.00×", "105.6 % across machines"]
+    assert rows[1][7:] == ["2.00×", "105.6 % across machines"]
     write(tmp_path / "one-b.json", on_gpus(rated(one, 90.0), "GPU-b"))
     rows = table_rows(run_report("--all", tmp_path).stdout, "Weak scaling")
-    assert rows[1][7:] == ["2.00×", "2.00×", "100.0 % (1 run, 1 machine)"]  # 190 / (100 + 90)
+    assert rows[1][7:] == ["2.00×", "100.0 % (1 run, 1 machine)"]  # 190 / (100 + 90)
 
 
 def test_ddp_options_change_nothing_on_one_rank(tmp_path):
@@ -437,7 +434,7 @@ def test_ddp_options_change_nothing_on_one_rank(tmp_path):
     assert [(row[1], row[2], row[11]) for row in rows] == [
         ("ddp", "1", "2 runs, 1 machine"), ("ddp (broadcast_buffers=false)", "2", "1 run, 1 machine"),
         ("ddp", "2", "1 run, 1 machine")]
-    assert [(row[1], row[9]) for row in table_rows(markdown, "Weak scaling")] == [
+    assert [(row[1], row[8]) for row in table_rows(markdown, "Weak scaling")] == [
         ("ddp", "100.0 %"), ("ddp (broadcast_buffers=false)", "98.0 % (1 run, 1 machine)"),
         ("ddp", "95.0 % (1 run, 1 machine)")]
 
@@ -490,9 +487,9 @@ def test_stability_is_said_steady_noisy_or_unknown(tmp_path):
         ("1", "per device", "ok, noisy: repeat or interleave"),
         ("2", "per device", "ok, 1 of 2 runs noisy: repeat or interleave")]
     [pair] = table_rows(markdown, "Lightning against native DDP")
-    assert pair[8] == (f"{rate('lightning-weak-1proc') / rate('native-weak-1proc'):.3f} (1 run, 1 machine; "
-                       "noisy: repeat or interleave)")
-    assert table_rows(markdown, "Strong scaling")[1][9].endswith(f"(1 run, 1 machine; {UNKNOWN})")
+    # a ratio with a noisy side carries the flag at its end
+    assert pair[8] == f"{rate('lightning-weak-1proc') / rate('native-weak-1proc'):.3f} (noisy) (1 run, 1 machine)"
+    assert table_rows(markdown, "Strong scaling")[1][8].endswith("(1 run, 1 machine)")
     assert ("- noisy: repeat or interleave: `one.json`: halves differ\n"
             "- noisy: repeat or interleave: `a.json`: halves differ, host-bound") in markdown
     # A regression found in a noisy run says that it may be noise.
@@ -771,19 +768,14 @@ def test_a_mismatch_names_the_fields_that_differ_in_a_short_line(tmp_path):
     proc = run_report("--all", FIXTURES / "native-weak-1proc.json", FIXTURES / "native-strong-1proc.json",
                       "--check-against", FIXTURES / "native-weak-1proc.json")
     assert proc.returncode == 0
-    [warning] = one_error_line(proc.stderr)
-    # (too long with the paths as given: their file names)
-    assert warning == ("report.py: warning: native-strong-1proc.json: not checked, no reference in "
-                       "native-weak-1proc.json with its configuration; the nearest differs in batch_mode "
-                       "global/per_device and 2 more")
+    [warning] = one_error_line(proc.stderr)  # one line that names a field that differs
+    assert warning.startswith("report.py: warning: ") and "batch_mode global/per_device" in warning
     assert len(warning) <= 200
     weak = FIXTURES / "native-weak-1proc.json"
     proc = run_report(FIXTURES / "native-strong-1proc.json", "--check-against", weak)
     assert proc.returncode == 2
     [line] = one_error_line(proc.stderr)
-    assert line == ("report.py: error: incomparable: no result in native-weak-1proc.json has the configuration of "
-                    "native-strong-1proc.json; the nearest differs in batch_mode global/per_device and 2 more")
-    assert len(line) <= 200
+    assert "batch_mode global/per_device" in line and len(line) <= 200
     assert report.differences(*[run["config"] for run in report.load_runs(
         [FIXTURES / "native-strong-1proc.json", FIXTURES / "native-strong-2proc.json"])]) == [
         "world_size 1/2", "batch_size_per_device 8/4"]
@@ -946,8 +938,8 @@ def test_answers_follow_the_pairing_rules(committed):
                                lightning_sigterm_sync=True, lightning_ddp_side_stream=report.ANY)
     no_views = report.pick(runs, world_size=2, gradient_as_bucket_view=False)
     assert report.ratio_of(stock_pieces, no_views).endswith(", across machines")  # never a headline figure
-    found = report.sharding_pairs(report.launches(runs), "oss_ddp", **report.SHARDING_SGD)
-    assert len(found) == 3 and all(run["launch_id"] == base["launch_id"] for _, run, base in found)  # not the best
+    rows = {row[0]: row for row in report.sharding_figures(runs)[2]}
+    assert rows["oss_ddp"][3] == "3 launches, 3 machines"  # every launch, not the best of them
 
 
 # ---------------------------------------------------------------------------- the Markdown file
