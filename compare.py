@@ -28,7 +28,7 @@ import sys
 import time
 
 from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, MIN_PAIRS, SOFTWARE, OneLineArgumentParser, UsageError,
-    build_of, check_writable, describe_machine, machine_of, read_result_file, result_validator, run_cli,
+    build_of, check_writable, half_width_percent, describe_machine, machine_of, read_result_file, result_validator, run_cli,
     write_json_atomically)
 
 EXIT_CODES = {"ok": 0, "failed": EXIT_FAILED, "interrupted": 130}
@@ -150,9 +150,8 @@ def pairs_for(ratios, percent=1.0):
     MIN_PAIRS; None where the spread is unknown)."""
     if len(ratios) < 2:
         return None
-    spread, t = statistics.stdev(math.log(ratio) for ratio in ratios), student_t()
-    return next((n for n in range(MIN_PAIRS, 10_000) if t.ppf(0.975, n - 1) * spread / math.sqrt(n)
-                 <= math.log(1 + percent / 100)), 10_000)
+    student_t()  # scipy, or one line saying so
+    return next((n for n in range(MIN_PAIRS, 10_000) if half_width_percent(ratios, n) <= percent), 10_000)
 
 
 def verdict(ratio, interval, pairs, noisy_rounds=0, rounds=0, ratios=()):

@@ -45,7 +45,7 @@ import textwrap
 from collections import defaultdict
 
 from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, MIN_PAIRS, REPOSITORY, OneLineArgumentParser,
-    UsageError, check_documents, is_number, run_cli, update_documents, write_atomically)
+    UsageError, check_documents, half_width_percent, is_number, run_cli, update_documents, write_atomically)
 from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, ACROSS_MACHINES, LIGHTNING, NATIVE, NOT_OPTIONS, OSS,
     RUN_FIELDS, SHARDING_ORDER, Config, aggregate, applies, beyond_ddp, common_window, launches, lightning_pairs,
     load_documents, load_runs, option_labels, options_agree, order, paired_ratios, peak_mib, rate, row_of,
@@ -555,13 +555,6 @@ def comparisons_table(comparisons, base):
     return table(["B / A", "B / A throughput", "GPU", "file"], rows) if rows else "No comparisons (compare.py)."
 
 
-def detectable_percent(logs, pairs):
-    """The smallest B/A difference (per cent) whose 95 % interval excludes 1 after this many pairs, at the spread of
-    these log pair ratios: t(0.975, pairs - 1) x their standard deviation / sqrt(pairs)."""
-    from scipy.stats import t
-    return 100 * (math.exp(t.ppf(0.975, pairs - 1) * statistics.stdev(logs) / math.sqrt(pairs)) - 1)
-
-
 def noise_table(comparisons, base):
     """A/A comparisons (the same command as A and B): the spread of their pair ratios, and the difference that each
     number of pairs can tell apart from that noise."""
@@ -577,7 +570,7 @@ def noise_table(comparisons, base):
                      f"{min(ratios):.3f}–{max(ratios):.3f} ({len(ratios)} pairs, "
                      f"{document.get('noisy_rounds') or 0} of {len(document.get('rounds') or [])} rounds noisy)",
                      f"{100 * statistics.stdev(logs):.2f} %",
-                     *(f"±{detectable_percent(logs, pairs):.1f} %" for pairs in (4, 8, 16, 32)),
+                     *(f"±{half_width_percent(ratios, pairs):.1f} %" for pairs in (4, 8, 16, 32)),
                      link(path, base)])
     header = ["command (A and B)", "GPU", "pair ratios", "spread (sd of log ratio)", "4 pairs", "8 pairs",
               "16 pairs", "32 pairs", "file"]
@@ -898,8 +891,8 @@ def lightning_answer(rows):
     batch = statistics.mode(native["config"].batch_size_per_device for native, _ in pairs)  # the usual workload
     groups = defaultdict(lambda: ([], []))
     for native, twin in pairs:
-        plain = native["config"]._replace(options=beyond_ddp(native["config"].options))
-        if not host_bound(native, twin) and not deviations(plain, usual) and plain.batch_size_per_device == batch:
+        config = native["config"]  # the scripts' defaults, DDP's included: every pooled pair like for like
+        if not host_bound(native, twin) and not deviations(config, usual) and config.batch_size_per_device == batch:
             variant = ", ".join(option_text(name, value).replace("lightning_", "") for name, value
                                 in twin["config"].options if name.startswith("lightning_")
                                 and applies(name, twin["config"]) and value not in ("null", usual.get(name)))
@@ -1027,33 +1020,13 @@ def interleaved(devices):
             f"runs of {len(pooled):,} blocks)")
 
 
-def performance_block(runs):
-    """docs/performance.md's answer: the default, the fastest mode, two GPUs and 32 images, in one small table."""
-    default, fastest, small = pick(runs), pick(runs, **FASTEST), {"batch_size_per_device": 32}
-    compiled_base = pick(runs, compile_mode="default")
-    compiled = pick(runs, world_size=2, compile_mode="default", compiled_ddp=ANY, bucket_cap_mb=ANY,
-                    broadcast_buffers=ANY)
-    rows = [["one H200, eager (the default)", rates_text(default), "1"],
-            ["one H200, the fastest mode", rates_text(fastest), ratio_of(fastest, default)],
-            ["one H200, 32 images, eager (host-bound)", rates_text(pick(runs, **small)), "–"],
-            ["one H200, 32 images, compiled and captured",
-             rates_text(pick(runs, **small, compile_mode="default", cuda_graphs=True)), "–"],
-            ["two H200s, eager: scaling efficiency", scaling_of(pick(runs, world_size=2), default), "–"],
-            ["two H200s, eager, `--no-broadcast-buffers`",
-             scaling_of(pick(runs, world_size=2, broadcast_buffers=False), default), "–"],
-            ["two H200s, compiled: scaling efficiency", scaling_of(compiled, compiled_base), "–"]]
-    return table(["mode", "img/s (runs, machines)", "× the default, same GPU"], rows)
-
-
-ONE_GPU_MODES = [  # docs/performance.md's one-GPU table: (mode, settings)
-    ("eager fp32 with TF32 (`--precision fp32`)", {"precision": "fp32"}),
-    ("eager bf16, channels_last (the default)", {}),
+ONE_GPU_MODES = [  # docs/performance.md's table: (mode, settings)
+    ("one H200, eager bf16, channels_last (the default)", {}),
     ("eager bf16, `--cuda-graphs`", {"cuda_graphs": True}),
-    ("eager fp16 with PyTorch's GradScaler", {"precision": "fp16", "loss_scale": "dynamic"}),
     ("eager fp16, `--loss-scale 1024`", {"precision": "fp16", "loss_scale": 1024.0}),
     ("`--compile`, bf16", {"compile_mode": "default"}),
-    ("`--compile`, fp16 with the GradScaler", {"compile_mode": "default", "precision": "fp16",
-                                               "loss_scale": "dynamic"}),
+    ("`--compile`, fp16 with PyTorch's GradScaler", {"compile_mode": "default", "precision": "fp16",
+                                                     "loss_scale": "dynamic"}),
     ("`--compile --cuda-graphs`, bf16", {"compile_mode": "default", "cuda_graphs": True}),
     ("`--compile --cuda-graphs --coordinate-descent-tuning`, bf16", {"compile_mode": "default", "cuda_graphs": True,
                                                                       "coordinate_descent_tuning": True}),
@@ -1063,12 +1036,23 @@ ONE_GPU_MODES = [  # docs/performance.md's one-GPU table: (mode, settings)
     ("+ `--sums-batch-norm`: the fastest mode", FASTEST)]
 
 
-def one_gpu_block(runs):
-    """docs/performance.md's evidence: every repeat of each mode, against the default on the same GPU."""
-    default = pick(runs)
-    rows = [[mode, rates_text(chosen), "1" if not settings else ratio_of(chosen, default)]
+def performance_block(runs):
+    """docs/performance.md's answer: each mode on one GPU against the default on the same GPU, 32 images, and the
+    scaling efficiency of two GPUs."""
+    default, small = pick(runs), {"batch_size_per_device": 32}
+    compiled = pick(runs, world_size=2, compile_mode="default", compiled_ddp=ANY, bucket_cap_mb=ANY,
+                    broadcast_buffers=ANY)
+    rows = [[mode, rates_text(chosen), ratio_of(chosen, default) if settings else "1"]
             for mode, settings in ONE_GPU_MODES for chosen in [pick(runs, **settings)]]
-    return table(["mode (options)", "img/s (runs, machines)", "× the default, same GPU"], rows)
+    rows += [["32 images, eager (host-bound)", rates_text(pick(runs, **small)), "–"],
+             ["32 images, compiled and captured",
+              rates_text(pick(runs, **small, compile_mode="default", cuda_graphs=True)), "–"],
+             ["two H200s, eager: scaling efficiency", scaling_of(pick(runs, world_size=2), default), "–"],
+             ["two H200s, eager, `--no-broadcast-buffers`",
+              scaling_of(pick(runs, world_size=2, broadcast_buffers=False), default), "–"],
+             ["two H200s, compiled: scaling efficiency", scaling_of(compiled, pick(runs, compile_mode="default")),
+              "–"]]
+    return table(["mode", "img/s (runs, machines)", "× the default, same GPU"], rows)
 
 
 def sharding_block(runs):
@@ -1108,7 +1092,7 @@ def sections(runs, comparisons):
         return (REPOSITORY / document).parent
     return {"summary": lambda document: f"```text\n{answer(runs, ['results'])}```",
             "interleaved-1": lambda document: interleaved(1), "interleaved-2": lambda document: interleaved(2),
-            "performance": lambda document: performance_block(runs), "one-gpu": lambda document: one_gpu_block(runs),
+            "performance": lambda document: performance_block(runs),
             "sharding-answer": lambda document: sharding_block(runs),
             "sharding": lambda document: launch_block(runs, folder(document)),
             "lightning-cost": lambda document: lightning_block(runs),

@@ -12,6 +12,7 @@ import math
 import os
 import pathlib
 import re
+import statistics
 import sys
 import uuid
 
@@ -94,6 +95,14 @@ def load_json(path, what="file"):
 
 def is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def half_width_percent(ratios, pairs):
+    """The half-width (per cent) of the 95 % interval of B/A after this many pairs at the spread of these pair
+    ratios: t(0.975, pairs - 1) x the standard deviation of their logs / sqrt(pairs); the smallest detectable."""
+    from scipy.stats import t
+    spread = statistics.stdev(math.log(ratio) for ratio in ratios)
+    return 100 * (math.exp(t.ppf(0.975, pairs - 1) * spread / math.sqrt(pairs)) - 1)
 
 
 def is_harness_cost(document):
