@@ -9,9 +9,8 @@ and the documents' generated blocks.
     python report.py --docs                                     # regenerate the documents' generated blocks
     python report.py --check-docs                               # exit 1 when one of them is stale
 
-Inputs are result files or folders, searched recursively for *.json; each is validated with
-schema/result.schema.json and skipped with a one-line warning naming its first broken rule (every file skipped:
-one error line). compare.py's comparison files feed the comparison tables.
+Inputs are result files or folders, searched recursively for *.json; a file that fails schema/result.schema.json
+is skipped with a one-line warning; compare.py's comparison files feed the comparison tables.
 
 A configuration is everything that changes what is measured (device, torch version, model, image size, precision,
 memory format, compile mode, optimizer, benchmark, strategy, the script's options, nodes, world size, batch); step
@@ -26,9 +25,8 @@ Each numerator run is divided by the median of its like-for-like denominators, a
 given with their counts. A pair without such a partner is given from the medians, labelled "across machines" or
 "across commits/software", and never headlines. Peak memory is compared only over the same steps.
 
-Regression check: every current result against the median of the reference results of its configuration (software
-versions aside); a throughput drop or a peak memory rise beyond the tolerance, or a status other than ok, is a
-violation (one line each, exit 1); a reference of other configurations only is an unusable invocation.
+Regression check: each current result against the median of the reference results of its configuration (software
+versions aside): a throughput drop or memory rise beyond the tolerance, or a status other than ok, fails (exit 1).
 
 Exit codes: 0 fine, 1 regression or stale block, 2 unusable invocation (one line on stderr).
 """
@@ -47,10 +45,9 @@ from collections import defaultdict
 from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, MIN_PAIRS, REPOSITORY, OneLineArgumentParser,
     UsageError, check_documents, half_width_percent, is_number, run_cli, update_documents, write_atomically)
 from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, ACROSS_MACHINES, LIGHTNING, NATIVE, NOT_OPTIONS, OSS,
-    RUN_FIELDS, SHARDING_ORDER, Config, aggregate, applies, beyond_ddp, common_window, launches, lightning_pairs,
+    RUN_FIELDS, SHARDING_ORDER, Config, aggregate, applies, common_window, launches, lightning_pairs,
     load_documents, load_runs, option_labels, options_agree, order, paired_ratios, peak_mib, rate, row_of,
-    rows_by_setup, scaling_figures, scaling_label, scaling_series, script_defaults, setup_of, strategy_rank, unlike,
-    usual_value)
+    rows_by_setup, scaling_figures, scaling_label, scaling_series, script_defaults, setup_of, strategy_rank, unlike)
 
 COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
 NO_RESULTS = ("No results committed yet: run the benchmarks on a GPU machine, put the result files under "
@@ -801,24 +798,19 @@ def fit(text, width=WIDTH):
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def deviations(config, usual):
-    """How a native configuration differs from the usual one (the scripts' defaults): short words."""
+def deviations(config, labels, precision):
+    """How a configuration differs from the usual one of its group: its compile mode, its precision where it is not
+    the group's usual one, and the options that option_labels shows for it."""
     words = [] if config.compile_mode is None else [f"compile {config.compile_mode}"]
-    words += [config.precision] if config.precision != usual.get("precision", config.precision) else []
-    words += [option_text(name, value).replace("=true", "") for name, value in config.options
-              if applies(name, config) and value not in (usual.get(name, value), "null")]
-    return words
+    return words + [config.precision] * (config.precision != precision) + [
+        option_text(name, value).replace("=true", "") for name, value in labels.get(config, [])
+        if value not in (None, "null")]  # an option that older results do not record is no difference
 
 
-def usual_options(rows):
-    """{name: usual value} over the rows' options (usual_value: the scripts' default where used) and precision."""
-    seen = defaultdict(list)
-    for row in rows:
-        for name, value in row["config"].options:
-            seen[name].append(value)
-    usual = {name: usual_value(name, values) for name, values in seen.items()}
-    precisions = [row["config"].precision for row in rows]
-    return {**usual, "precision": max(sorted(set(precisions)), key=precisions.count)}
+def usual(rows):
+    """(the option labels of the rows' configurations, their most common precision)."""
+    configs = [row["config"] for row in rows]
+    return option_labels(set(configs)), statistics.mode(config.precision for config in configs)
 
 
 def workload(config):
@@ -832,18 +824,18 @@ def speed_answer(rows):
               and row["config"].world_size == 1]
     if not native:
         return [f"DDP speed: no one-device run of ddp_resnet50.py; measure: {COMMANDS['speed']}"]
-    usual = usual_options(native)
+    found = usual(native)
     lines = ["DDP speed (ddp_resnet50.py, one device; img/s over every run of a mode):"]
     for device in sorted({row["config"].device_name for row in native}):
         mine = [row for row in native if row["config"].device_name == device]
-        default = max(mine, key=lambda row: (not deviations(row["config"], usual), len(row["runs"])))
+        default = max(mine, key=lambda row: (not deviations(row["config"], *found), len(row["runs"])))
         same = [row for row in mine if workload(row["config"]) == workload(default["config"])]
         fastest = max(same, key=lambda row: row["images_per_second"])
-        modes = " ".join(deviations(default["config"], usual)) or "the defaults"
+        modes = " ".join(deviations(default["config"], *found)) or "the defaults"
         lines.append(fit(f"  {workload(default['config'])}, {modes}: {rates_text(default['runs'])}"))
         if fastest is not default:
             lines.append(fit(f"    fastest of {len(same)} modes: {rates_text(fastest['runs'])}, with"))
-            lines += textwrap.wrap(", ".join(deviations(fastest["config"], usual)), WIDTH, initial_indent=" " * 6,
+            lines += textwrap.wrap(", ".join(deviations(fastest["config"], *found)), WIDTH, initial_indent=" " * 6,
                                    subsequent_indent=" " * 6)
     return lines
 
@@ -866,12 +858,12 @@ def scaling_answer(rows):
         others = f"; {len(series) - 1} other series: --all" if len(series) > 1 else ""
         lines.append(fit(f"Scaling efficiency, {name} ({config.device_name}, {config.model}, {kept}; against "
                          f"{config.world_size} {unit_of(config)}{others}):"))
-        usual = usual_options(chosen)
+        found = usual(chosen)
         for count in sorted({row["config"].world_size for row in chosen} - {config.world_size}):
             members = sorted((row for row in chosen if row["config"].world_size == count),
-                             key=lambda row: (len(deviations(row["config"], usual)), -len(row["runs"])))
+                             key=lambda row: (len(deviations(row["config"], *found)), -len(row["runs"])))
             for row in members[:3]:
-                label = ", ".join(deviations(row["config"], usual)) or "the defaults"
+                label = ", ".join(deviations(row["config"], *found)) or "the defaults"
                 lines.append(fit(f"  {count} {units_of(config)}, {label}: {scaling_of(row['runs'], base['runs'])}"))
             lines += [f"  {count} {units_of(config)}: {len(members) - 3} more DDP settings: --all"] * (len(members) > 3)
     return lines
@@ -887,15 +879,16 @@ def lightning_answer(rows):
     pairs = lightning_pairs(rows)
     if not pairs:
         return [f"Lightning / native: no pair; measure: {COMMANDS['lightning']}"]
-    usual = usual_options([row for pair in pairs for row in pair])
+    labels, precision = usual([row for pair in pairs for row in pair])
     batch = statistics.mode(native["config"].batch_size_per_device for native, _ in pairs)  # the usual workload
     groups = defaultdict(lambda: ([], []))
     for native, twin in pairs:
         config = native["config"]  # the scripts' defaults, DDP's included: every pooled pair like for like
-        if not host_bound(native, twin) and not deviations(config, usual) and config.batch_size_per_device == batch:
+        if (not host_bound(native, twin) and not deviations(config, labels, precision)
+                and config.batch_size_per_device == batch):
             variant = ", ".join(option_text(name, value).replace("lightning_", "") for name, value
-                                in twin["config"].options if name.startswith("lightning_")
-                                and applies(name, twin["config"]) and value not in ("null", usual.get(name)))
+                                in labels.get(twin["config"], []) if name.startswith("lightning_")
+                                and value not in (None, "null"))
             key = (twin["config"].world_size, twin["config"].batch_size_per_device, variant or "stock")
             groups[key][0].extend(run for run in twin["runs"] if run not in groups[key][0])
             groups[key][1].extend(run for run in native["runs"] if run not in groups[key][1])

@@ -1,5 +1,4 @@
-"""Every measured figure in the documents is checked by value (tests/test_claims.py;
-`python -m resnet50_ddp_benchmarks.claims [DOCUMENT ...]` prints what fails).
+"""Every measured figure in the documents is checked by value (tests/test_claims.py).
 
 A measured figure lives in a generated block (`<!-- generated:NAME -->`, a table or inline within a sentence), which
 report.py writes from the committed results and `report.py --check-docs` compares with what it would write now, so
@@ -16,7 +15,6 @@ import ast
 import operator
 import pathlib
 import re
-import sys
 
 from resnet50_ddp_benchmarks.analysis import GENERATED, REPOSITORY
 
@@ -121,13 +119,3 @@ def check_text(document, text):
 def check_document(document, root=REPOSITORY, text=None):
     path = pathlib.Path(root) / document
     return check_text(document, path.read_text(encoding="utf-8") if text is None else text)
-
-
-def main(argv=None):
-    problems = [problem for document in (argv or DOCUMENTS) for problem in check_document(document)]
-    print("\n".join(problems) or "every figure is generated or computed")
-    return 1 if problems else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
