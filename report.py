@@ -44,10 +44,10 @@ from collections import defaultdict
 
 from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, MIN_PAIRS, REPOSITORY, OneLineArgumentParser,
     UsageError, check_documents, half_width_percent, is_number, run_cli, update_documents, write_atomically)
-from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, ACROSS_MACHINES, LIGHTNING, NATIVE, NOT_OPTIONS, OSS,
-    RUN_FIELDS, SHARDING_ORDER, Config, aggregate, applies, common_window, launches, lightning_pairs,
-    load_documents, load_runs, option_labels, options_agree, order, paired_ratios, peak_mib, rate, row_of,
-    rows_by_setup, scaling_figures, scaling_label, scaling_series, script_defaults, setup_of, strategy_rank, unlike)
+from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, LIGHTNING, NATIVE, NOT_OPTIONS, OSS, RUN_FIELDS, Config,
+    aggregate, applies, common_window, launches, lightning_pairs, load_documents, load_runs, option_labels,
+    options_agree, order, paired_ratios, peak_mib, rate, row_of, rows_by_setup, scaling_figures, scaling_label,
+    scaling_series, script_defaults, setup_of, strategy_rank, unlike)
 
 COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
 NO_RESULTS = ("No results committed yet: run the benchmarks on a GPU machine, put the result files under "
@@ -210,7 +210,7 @@ def wrap(text):
 
 def sources_text(rows, base):
     counts = defaultdict(int)
-    for run in runs_of(rows):
+    for run in [run for row in rows for run in row["runs"]]:
         counts[run["path"].parent.resolve()] += 1
     return wrap("Results from " + ", ".join(f"{link(folder, base, display_path(folder))} ({count} file"
                                             f"{'s' * (count > 1)})" for folder, count in sorted(counts.items())) + ".")
@@ -482,12 +482,11 @@ def sharding_tables(runs, base):
 
 
 SHARDING_EXPLANATION = wrap(
-    "Sharding tables (oss_benchmark.py): one per launch, never mixing two; each strategy against the ddp run of its "
-    "own launch. vs ddp = rank 0's median throughput over that of the launch's ddp run; the phases are rank 0's "
-    "medians over the instrumented pass (CUDA events, no host "
-    "synchronisation); host ms per step = the host's time to queue one step's phases; collectives and MiB per step "
-    "come from the profiled pass (torch.profiler), next to the analytic volume; optimizer state = the largest rank's; "
-    "peak saving = the ddp run's peak memory minus the strategy's, over the same window.")
+    "Sharding tables (oss_benchmark.py): one per launch; vs ddp = rank 0's median throughput over that of the "
+    "launch's ddp run; phases = rank 0's medians over the instrumented pass (CUDA events, no host synchronisation); "
+    "host ms per step = the host's time to queue one step's phases; collectives and MiB per step from the profiled "
+    "pass (torch.profiler), next to the analytic volume; optimizer state = the largest rank's; peak saving = the ddp "
+    "run's peak memory minus the strategy's, over the same window.")
 
 
 # ---------------------------------------------------------------------------- comparisons (compare.py)
@@ -585,10 +584,6 @@ EXPLANATION = wrap(
     f"that found itself unsteady, \"dirty\" one of uncommitted code, \"{UNKNOWN_STABILITY}\" an older run.")
 
 
-def runs_of(rows):
-    return [run for row in rows for run in row["runs"]]
-
-
 def render_markdown(runs, base, heading="###", comparisons=()):
     """The report as deterministic Markdown: everything sorted, no clock. Paths relative to base."""
     if not runs:
@@ -602,7 +597,7 @@ def render_markdown(runs, base, heading="###", comparisons=()):
         tables = (all_runs_table(setup_rows, labels), scaling_table(setup_rows, labels, "per_device"),
                   scaling_table(setup_rows, labels, "global"), lightning_table(setup_rows, labels))
         parts += [text for text in tables if text]
-        parts += sharding_tables(runs_of(setup_rows), base)
+        parts += sharding_tables([run for row in setup_rows for run in row["runs"]], base)
     if any(run["config"].benchmark == OSS for run in runs):
         parts.append(SHARDING_EXPLANATION)
     if comparisons:
@@ -734,9 +729,7 @@ def plot_step_times(plt, rows, labels, title):
     medians = [statistics.median(row["step_times_ms"]) for row in shown]
     if max(medians) > 5 * min(medians):  # strong scaling spans N-fold step times: keep every box readable
         axis.set_xscale("log")
-        everything = [t for row in shown for t in row["step_times_ms"] if t > 0]
-        narrow = max(everything) < 10 * min(everything)  # within a decade: finer labelled ticks
-        axis.xaxis.set_major_locator(plt.LogLocator(subs=(1, 1.5, 2, 3, 5, 7) if narrow else (1, 2, 5)))
+        axis.xaxis.set_major_locator(plt.LogLocator(subs=(1, 1.5, 2, 3, 5, 7)))  # labelled within one decade too
         axis.xaxis.set_minor_formatter(plt.NullFormatter())
     else:
         axis.set_xlim(left=0)
@@ -1139,11 +1132,6 @@ def nearest_difference(config, references):
     return min((differences(config, row["config"]) for row in references), key=lambda found: (len(found), found))
 
 
-def describe(config):
-    return (f"{config.benchmark} {config.strategy} on {devices_text(config)} × {config.device_name}, "
-            f"{config.batch_size_per_device} img/{unit_of(config)}, {config.image_size} px, {config.precision}")
-
-
 def check_run(run, reference, tolerance, name):
     """(violations, notes) of one current run against its reference row."""
     violations, notes = [], []
@@ -1153,7 +1141,7 @@ def check_run(run, reference, tolerance, name):
     if drop > tolerance:
         violations.append(f"{name}: throughput dropped {drop:.1%} ({format_rate(reference_rate)} -> "
                           f"{format_rate(current_rate)} img/s), more than {tolerance:.1%}: "
-                          f"{describe(run['config'])}{noisy}")
+                          f"{row_label(run['config'], {})}{noisy}")
     window = run["memory_window"]
     current_mib, reference_mib = run["peak_allocated_mib"], peak_mib(reference, window)
     if current_mib is not None and reference_mib:
@@ -1161,7 +1149,7 @@ def check_run(run, reference, tolerance, name):
         if rise > tolerance:
             violations.append(f"{name}: peak memory rose {rise:.1%} ({format_mib(reference_mib)} -> "
                               f"{format_mib(current_mib)} MiB, {window}), more than {tolerance:.1%}: "
-                              f"{describe(run['config'])}{noisy}")
+                              f"{row_label(run['config'], {})}{noisy}")
     elif current_mib is not None and reference["memory"]:
         notes.append(f"report.py: note: {name}: peak memory not compared: the memory windows differ (here: "
                      f"{window}; reference: {' and '.join(reference['memory'])})")

@@ -30,7 +30,6 @@ NOT_MEASURED = [
     (r"700 W", "the H200's power limit (nvidia-smi)"),
     (r"\d+ MB buckets?", "DDP's bucket size, a setting"),
     (r"every 100 ms", "a sampling setting"),
-    (r"±P %", "compare.py's --until-interval setting"),
     (r"\d+–\d+ GPUs", "a span of GPU counts, a setting"),
     (r"torchrun's: 30 s", "a launcher's default grace period, a setting"),
     (r"\d+×\d+", "a kernel or block size"),

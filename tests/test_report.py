@@ -498,7 +498,7 @@ def test_stability_is_said_steady_noisy_or_unknown(tmp_path):
                       FIXTURES / "native-weak-1proc.json")
     assert proc.returncode == 1
     [line] = [line for line in proc.stdout.splitlines() if line.startswith("REGRESSION")]
-    assert line.endswith(", 32 px, fp32 (noisy: repeat or interleave: halves differ)")
+    assert "noisy" in line and "halves differ" in line  # a regression found in a noisy run says it may be noise
 
 
 def test_options_that_differ_split_configurations_and_only_they_are_shown(tmp_path):
