@@ -1122,14 +1122,10 @@ UNCHECKED = ("report.py: warning: {name}: not checked, no reference in {where} w
 
 
 def mismatch_line(template, name, run, references, reference_path, limit=MAX_LINE):
-    """template with the file names, then the fields in which the nearest reference differs, within limit."""
+    """template with the file names, then the fields in which the nearest reference (the fewest) differs."""
+    nearest = min((differences(run["config"], row["config"]) for row in references), key=lambda found: (len(found), found))
     start = template.format(name=pathlib.Path(name).name, where=pathlib.Path(reference_path).name)
-    return fit(start + ", ".join(nearest_difference(run["config"], references)), limit)
-
-
-def nearest_difference(config, references):
-    """The differing fields of the reference configuration nearest to config (the fewest differences)."""
-    return min((differences(config, row["config"]) for row in references), key=lambda found: (len(found), found))
+    return fit(start + ", ".join(nearest), limit)
 
 
 def check_run(run, reference, tolerance, name):
