@@ -780,7 +780,7 @@ DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/results.
              "lightning/README.md")
 COMMANDS = {  # what measures a question that the results cannot answer
     "speed": "python ddp_resnet50.py --output r.json",
-    "weak": "slurm/scaling_sweep.sh weak, or torchrun --nproc-per-node N ddp_resnet50.py",
+    "weak": "slurm/scaling_sweep.sh weak (or torchrun --nproc-per-node N)",
     "strong": "slurm/scaling_sweep.sh strong (or --global-batch-size B)",
     "lightning": "python lightning/ddp_resnet50.py --output l.json beside native's runs",
     "host-bound": "python experiments/lightning-interleaved/interleave.py --batch-size-per-device 32",
