@@ -905,8 +905,8 @@ def test_a_two_process_cpu_sweep_gets_its_answers_and_a_command_for_the_rest(tmp
     assert sum("measure:" in line for line in lines) == 3  # strong scaling, Lightning, sharding
     for name in ("oss-ddp", "oss-zero1", "lightning-weak-1proc"):  # one sharding launch, nothing of native's
         write(tmp_path / "other" / f"{name}.json", fixture(name))
-    lines = one_screen(run_report(tmp_path / "other"))
-    assert sum("measure:" in line for line in lines) == 4 and any(line.startswith("  zero1: ") for line in lines)
+    other = one_screen(run_report(tmp_path / "other"))
+    assert sum("measure:" in line for line in other) == 4 and any(line.startswith("  zero1: ") for line in other)
     assert len([line for line in lines if line.startswith("  CPU")]) == 1
 
 
