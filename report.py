@@ -774,7 +774,7 @@ def finished(plt, figure, axis, title):
 
 # ---------------------------------------------------------------------------- the one-screen answer
 
-WIDTH = 120  # the default view's line length at most
+WIDTH, SCREEN = 120, 50  # the default view's line length and line count at most
 # The documents whose generated blocks are report.py's (scaling_model.py regenerates and checks its own document).
 DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/results.md", "docs/sharding.md",
              "lightning/README.md")
@@ -855,10 +855,12 @@ def scaling_answer(rows):
         for count in sorted({row["config"].world_size for row in chosen} - {config.world_size}):
             members = sorted((row for row in chosen if row["config"].world_size == count),
                              key=lambda row: (len(deviations(row["config"], *found)), -len(row["runs"])))
-            for row in members[:3]:
+            shown = 3 if len(members) > 1 and len({row["config"].world_size for row in chosen}) <= 2 else 1
+            for row in members[:shown]:
                 label = ", ".join(deviations(row["config"], *found)) or "the defaults"
                 lines.append(fit(f"  {count} {units_of(config)}, {label}: {scaling_of(row['runs'], base['runs'])}"))
-            lines += [f"  {count} {units_of(config)}: {len(members) - 3} more DDP settings: --all"] * (len(members) > 3)
+            lines += [f"  {count} {units_of(config)}: {len(members) - shown} more DDP settings: --all"] * (
+                len(members) > shown)
     return lines
 
 
@@ -952,6 +954,8 @@ def answer(runs, paths):
     lines = [fit(f"{len(runs)} results ({ok} ok) in {', '.join(map(str, paths))}, {machines} machine"
                  f"{'s' * (machines != 1)}")]
     lines += speed_answer(rows) + scaling_answer(rows) + lightning_answer(rows) + sharding_answer(runs)
+    if len(lines) > SCREEN - 1:  # many GPU models or counts: the rest behind --all
+        lines = lines[:SCREEN - 2] + [f"... {len(lines) - SCREEN + 2} more lines: --all"]
     lines.append("Every table: report.py --all [PATH]; a launch's strategies: --sharding; noisy: an unsteady run; "
                  "dirty: uncommitted code")
     return "\n".join(lines) + "\n"

@@ -910,6 +910,16 @@ def test_a_two_process_cpu_sweep_gets_its_answers_and_a_command_for_the_rest(tmp
     assert len([line for line in lines if line.startswith("  CPU")]) == 1
 
 
+def test_many_gpu_models_still_fit_one_screen(tmp_path):
+    one = steady(fixture("native-weak-1proc"))
+    for index in range(60):  # a line per GPU model
+        result = on_gpus(rated(one, 100.0 + index), f"GPU-{index}")
+        result["hardware"]["ranks"][0]["gpu_name"] = f"GPU model {index}"
+        write(tmp_path / f"one-{index}.json", result)
+    lines = one_screen(run_report(tmp_path))
+    assert lines[-2].startswith("... ") and "--all" in lines[-2]
+
+
 def test_range_ends_carry_their_runs_flags(tmp_path):
     one, two = steady(fixture("native-weak-1proc")), steady(fixture("native-weak-2proc-a"))
     for gpu in ("GPU-a", "GPU-b"):  # the base on each of the two-GPU runs' GPUs
