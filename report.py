@@ -1,5 +1,4 @@
-"""The benchmarks' answers from their result files: one screen by default, every table, plots, a regression check
-and the documents' generated blocks.
+"""The benchmarks' answers from their result files on one screen; every table, plots, a regression check, documents.
 
     python report.py                                            # the answers on one screen, from results/
     python report.py runs/sweep/                                # ... from a folder of your own runs
