@@ -5,7 +5,9 @@
 
 Each round is a whole run of a side's command (leading NAME=value words set its environment) with `--output
 FILE.rounds/<a|b>-<pair>.json` added, in ABBA order (A B, B A, A B, ...) so that a drift of the machine hits both.
-`ratio` is the geometric mean of the pairs' B/A img/s, `interval_95` its 95 % interval (Student's t on their logs).
+`ratio` is the geometric mean of the pairs' B/A img/s, `interval_95` its 95 % interval (Student's t on their logs);
+below 4 pairs the verdict gives no interval (t's 1 or 2 degrees of freedom make it 13 or 4 spreads wide) and says
+how many pairs to run; --until-interval stops no earlier than 4.
 Every round runs on its side's first round's hosts and GPUs, one side's among the other's; A and B may differ in commit
 or software (`differences`). Output: FILE.json (schema/compare.schema.json) and FILE.rounds/, which one run holds at a
 time. Exit codes: 0 done; 1 a round failed (the comparison so far is written) or the comparison could not be written
@@ -25,8 +27,9 @@ import subprocess
 import sys
 import time
 
-from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, SOFTWARE, OneLineArgumentParser, UsageError, build_of,
-    check_writable, describe_machine, machine_of, read_result_file, result_validator, run_cli, write_json_atomically)
+from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, MIN_PAIRS, SOFTWARE, OneLineArgumentParser, UsageError,
+    build_of, check_writable, half_width_percent, describe_machine, machine_of, read_result_file, result_validator, run_cli,
+    write_json_atomically)
 
 EXIT_CODES = {"ok": 0, "failed": EXIT_FAILED, "interrupted": 130}
 ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -142,13 +145,25 @@ def summarize(ratios):
     return math.exp(mean), [math.exp(mean - half), math.exp(mean + half)], 100 * (math.exp(half) - 1)
 
 
-def verdict(ratio, interval, pairs, noisy_rounds=0, rounds=0):
+def pairs_for(ratios, percent=1.0):
+    """The pairs whose 95 % interval would be within +-percent at the spread of these pair ratios (at least
+    MIN_PAIRS; None where the spread is unknown)."""
+    if len(ratios) < 2:
+        return None
+    student_t()  # scipy, or one line saying so
+    return next((n for n in range(MIN_PAIRS, 10_000) if half_width_percent(ratios, n) <= percent), 10_000)
+
+
+def verdict(ratio, interval, pairs, noisy_rounds=0, rounds=0, ratios=()):
     counted = f"{pairs} pair{'s' if pairs != 1 else ''}"
     noise = f"; {noisy_rounds} of {rounds} rounds noisy" if noisy_rounds else ""
     if ratio is None:
         return "no complete pair: no comparison"
-    if interval is None:
-        return f"B/A {ratio:.3f} from {counted}: no interval (it needs 2 pairs){noise}"
+    if pairs < MIN_PAIRS:  # Student's t with 1 or 2 degrees of freedom: an interval of 13 or 4 sd, no answer
+        needed = pairs_for(ratios)
+        spread = f"; about {needed:,} for +-1 % at this spread" if needed else ""
+        return (f"too few pairs for an interval: B/A {ratio:.3f} from {counted}; run at least {MIN_PAIRS} pairs "
+                f"(--rounds {MIN_PAIRS}){spread}{noise}")
     low, high = (100 * abs(end - 1) for end in interval)
     if interval[0] <= 1 <= interval[1]:
         return (f"no difference detectable at this noise: B is between {low:.1f} % slower and {high:.1f} % faster "
@@ -279,7 +294,8 @@ def run_comparison(args, commands, rounds_dir, folder):
                 results.append((side, result))
                 progress(record, args.rounds, rounds)
             half_width = summarize([each["ratio"] for each in pairs_of(rounds)])[2]
-            if args.until_interval is not None and half_width is not None and half_width < args.until_interval:
+            if (args.until_interval is not None and half_width is not None and half_width < args.until_interval
+                    and pair >= MIN_PAIRS):
                 stop = "until_interval"
                 break
     except RoundFailed as failure:
@@ -303,7 +319,8 @@ def build_comparison(args, rounds, results, status, stop, failure, started_at):
             "options": {"rounds": args.rounds, "until_interval_percent": args.until_interval,
                         "max_minutes": args.max_minutes},
             "ratio": ratio, "interval_95": interval, "interval_half_width_percent": half_width,
-            "verdict": verdict(ratio, interval, len(pairs), noisy, len(rounds)), "noisy_rounds": noisy,
+            "verdict": verdict(ratio, interval, len(pairs), noisy, len(rounds), [pair["ratio"] for pair in pairs]),
+            "noisy_rounds": noisy,
             "pairs": pairs, "rounds": rounds,
             **{group: {side: facts[group] for side, facts in sides.items()}
                for group in ("machine", "git", "software")},

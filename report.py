@@ -1,49 +1,31 @@
-"""Tables, plots, a regression check and the documents' generated blocks from the benchmarks' result files.
+"""The benchmarks' answers from their result files on one screen; every table, plots, a regression check, documents.
 
-    python report.py results/                                   # Markdown report on stdout
-    python report.py results/ runs/ --markdown report.md --plots plots/
+    python report.py                                            # the answers on one screen, from results/
+    python report.py runs/sweep/                                # ... from a folder of your own runs
+    python report.py results/ --all                             # every table, as Markdown (--markdown report.md)
     python report.py runs/ci.json --check-against results/nvidia-h200-x2-2026-11-30b --tolerance 5%
     python report.py runs/s-*.json --sharding                   # only the sharding tables of oss_benchmark.py
     python report.py --docs                                     # regenerate the documents' generated blocks
     python report.py --check-docs                               # exit 1 when one of them is stale
 
-Inputs are result files or folders, searched recursively for *.json (hidden files, such as a run's half-written
-.tmp-*.json, are left out). Each file is validated with schema/result.schema.json; a file that cannot be read, is
-not JSON or fails the schema is skipped with a one-line warning naming the first broken rule; when every file is
-skipped, that is one error line. compare.py's comparison files feed the comparison table.
+Inputs are result files or folders, searched recursively for *.json; a file that fails schema/result.schema.json
+is skipped with a one-line warning; compare.py's comparison files feed the comparison tables.
 
-A configuration is everything that changes what is measured: the device (GPU name, or the CPU), the torch version,
-model, image size, precision, memory format, compile mode, optimizer, then the benchmark, strategy, script-specific
-options (shown next to the strategy where they tell rows apart), node count, world size, batch mode and batch
-sizes. Step counts, seeds, learning rate, timeouts and output paths are not part of it, nor are DDP's options on
-one rank (the native script and its twin build no DDP there), nor FSDP's options for the other strategies; NCCL's
-tuning variables in the recorded environment are (nccl_environment). Results with the same configuration are
-repeats: the ok ones become one row (the median of each figure, the range of throughput over every repeat, the
-number of runs and machines); a result that did not end ok gets a row of its own, marked with its status, and
-stays out of every comparison. Results that found their own run unsteady (halves of the timed steps that differ,
-or a host-bound step) are marked "noisy: repeat or interleave"; those without a verdict "stability unknown".
+A configuration is everything that changes what is measured (device, torch version, model, image size, precision,
+memory format, compile mode, optimizer, benchmark, strategy, the script's options, nodes, world size, batch); step
+counts, seeds and paths are not. Repeats of a configuration that ended ok are one row: medians, the range over
+every repeat, runs and machines (a machine: the devices that ran together). A result that did not end ok gets a
+row of its own and stays out of every comparison. "noisy" marks a result that found its own run unsteady, "dirty"
+one whose commit had uncommitted changes: a range end from such a run says so.
 
-Pairing rules: a ratio (scaling, Lightning / native, strategy / ddp, option / default) is computed only between
-results of the same machine (the same GPU UUIDs; on the CPU the same hosts and CPU; for scaling, base runs on the
-larger run's own GPUs, covering all of them), the same git commit and the same software versions (analysis.py's
-SOFTWARE, where both record them). Each run of the numerator is divided by the median of its like-for-like
-denominators, and the range over those runs is printed with their count. A pair without such a partner is printed
-from the rows' medians and labelled "across machines" or "across commits/software"; it never makes a headline.
-Peak memory is compared only between results that took it over the same steps (their memory window).
+Pairing rules: a ratio (scaling, Lightning / native, strategy / ddp, option / default) divides only results of the
+same devices (for scaling, the base runs cover the larger run's own devices), git commit and software versions.
+Each numerator run is divided by the median of its like-for-like denominators, and the range over those runs is
+given with their counts. A pair without such a partner is given from the medians, labelled "across machines" or
+"across commits/software", and never headlines. Peak memory is compared only over the same steps.
 
-Tables (Markdown): every configuration; weak and strong scaling (efficiency = throughput(N) / (N / N_base x
-throughput(N_base)), N_base the smallest count of the series); Lightning over native DDP; the sharding strategies
-of oss_benchmark.py, one table per launch, each strategy against the ddp of its own launch; compare.py's comparisons.
-
-Regression check: every current result is compared with the median of the reference results of its configuration
-(software versions aside: catching what a new version costs is the point). A throughput drop or a peak memory rise
-beyond the tolerance, or a status other than ok, is a violation: one line each, exit 1. A current result without a
-reference is reported with the fields in which the nearest reference differs; when that leaves nothing checked and
-nothing failed, the reference is incomparable (exit 2).
-
-Generated blocks: README.md, docs/*.md and lightning/README.md hold blocks between <!-- generated:NAME --> and
-<!-- /generated:NAME --> (the package's engine); --docs regenerates every one of them, report.py's from the
-committed results (results/) and the package's scaling model, and --check-docs exits 1 when one differs.
+Regression check: each current result against the median of the reference results of its configuration (software
+versions aside): a throughput drop or memory rise beyond the tolerance, or a status other than ok, fails (exit 1).
 
 Exit codes: 0 fine, 1 regression or stale block, 2 unusable invocation (one line on stderr).
 """
@@ -59,12 +41,12 @@ import sys
 import textwrap
 from collections import defaultdict
 
-from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, REPOSITORY, OneLineArgumentParser, UsageError,
-    check_documents, is_number, run_cli, update_documents, write_atomically)
-from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, ACROSS_MACHINES, LIGHTNING, NATIVE, NOT_OPTIONS, OSS,
-    RUN_FIELDS, SHARDING_ORDER, Config, aggregate, applies, common_window, launches, lightning_pairs, load_documents,
-    load_runs, option_labels, options_agree, order, paired_ratios, peak_mib, rate, row_of, rows_by_setup,
-    scaling_figures, scaling_label, scaling_series, script_defaults, unlike)
+from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, MIN_PAIRS, REPOSITORY, OneLineArgumentParser,
+    UsageError, check_documents, half_width_percent, is_number, run_cli, update_documents, write_atomically)
+from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, LIGHTNING, NATIVE, NOT_OPTIONS, OSS, RUN_FIELDS, Config,
+    aggregate, applies, common_window, launches, lightning_pairs, load_documents, load_runs, option_labels,
+    options_agree, order, paired_ratios, peak_mib, rate, row_of, rows_by_setup, scaling_figures, scaling_label,
+    scaling_series, script_defaults, setup_of, strategy_rank, unlike)
 from resnet50_ddp_benchmarks import scaling
 
 COLLECTIVE_KINDS = ("all-reduce", "reduce", "broadcast", "all-gather", "reduce-scatter", "other")
@@ -80,19 +62,6 @@ MAX_LINE = 200  # a check line's length at most
 
 
 # ---------------------------------------------------------------------------- Markdown
-
-def machines_text(runs):
-    """How many runs and machines a figure rests on (the machines that the results name)."""
-    count, machines = len(runs), len({run["machine"] for run in runs} - {None})
-    text = f"{count} run{'s' * (count != 1)}"
-    return text + f", {machines} machine{'s' * (machines != 1)}" if machines else text
-
-
-def range_text(values, text):
-    """min–max of values through text(value), or the value alone."""
-    low, high = text(min(values)), text(max(values))
-    return low if low == high else f"{low}–{high}"
-
 
 def ratio_text(value):
     return f"{value:.3f}"
@@ -137,8 +106,8 @@ def memory_cell(row, named, window=None):
     return "; ".join(format_mib(allocated) + (f" ({name})" if named else "") for name, (allocated, _) in figures)
 
 
-def format_percent(fraction, signed=False):
-    return "–" if fraction is None else f"{fraction * 100:{'+' if signed else ''}.1f} %"
+def format_percent(fraction):
+    return "–" if fraction is None else f"{fraction * 100:.1f} %"
 
 
 def format_ratio(value):
@@ -157,11 +126,12 @@ def rank0_cell(row):
 
 
 def range_cell(row):
-    """Throughput's range over every repeat, and its spread (max − min) / median."""
+    """Throughput's range over every repeat, the flags of its ends, and its spread (max − min) / median."""
     if row["range"] is None or len(row["runs"]) < 2:
         return "–"
-    low, high = row["range"]
-    return f"{format_rate(low, like=high)}–{format_rate(high)} ({format_percent(row['spread'])})"
+    values = [rate(run) for run in row["runs"]]
+    ends = span(values, row["runs"], lambda value: format_rate(value, like=max(values)))
+    return f"{ends} ({format_percent(row['spread'])})"
 
 
 def format_status(row):
@@ -174,21 +144,6 @@ def format_status(row):
         unknown = len(row["unknown_stability"])
         return f"ok, {UNKNOWN_STABILITY}" if unknown == runs else f"ok, {UNKNOWN_STABILITY} for {unknown} of {runs}"
     return "ok"
-
-
-def caution(*rows):
-    """What a figure from these rows must carry: noisy, or stability unknown; None for steady rows."""
-    if any(row["noisy"] for row in rows):
-        return NOISY
-    if any(row["unknown_stability"] for row in rows):
-        return UNKNOWN_STABILITY
-    return None
-
-
-def notes_text(*notes):
-    """ (a; b) of the notes that are not None, or ''."""
-    given = [note for note in notes if note]
-    return f" ({'; '.join(given)})" if given else ""
 
 
 def failure_text(run):
@@ -255,7 +210,7 @@ def wrap(text):
 
 def sources_text(rows, base):
     counts = defaultdict(int)
-    for run in runs_of(rows):
+    for run in [run for row in rows for run in row["runs"]]:
         counts[run["path"].parent.resolve()] += 1
     return wrap("Results from " + ", ".join(f"{link(folder, base, display_path(folder))} ({count} file"
                                             f"{'s' * (count > 1)})" for folder, count in sorted(counts.items())) + ".")
@@ -282,7 +237,7 @@ def all_runs_table(rows, labels):
         lines.append([config.benchmark, strategy_text(config, labels), devices_text(config),
                       config.batch_mode.replace("_", " "), str(config.batch_size_per_device),
                       f"{config.global_batch_size:,}", rank0_cell(row), format_rate(row["images_per_second"]),
-                      range_cell(row), format_mfu(row), memory_cell(row, len(windows) > 1), machines_text(row["runs"]),
+                      range_cell(row), format_mfu(row), memory_cell(row, len(windows) > 1), counts(row["runs"]),
                       format_status(row)])
         if row["status"] != "ok":
             failures.append(f"- ✗ {row['status']} in `{row['runs'][0]['path'].name}`: {failure_text(row['runs'][0])}")
@@ -293,62 +248,91 @@ def all_runs_table(rows, labels):
     return "\n\n".join(["**All configurations**", table(header, lines), *(["\n".join(notes)] if notes else [])])
 
 
-def scaling_cells(row, base, weak):
-    """(speed-up, efficiency) cells of a row against its series' base row: the range over its runs that have
-    base runs on their own devices with their build, else from the rows' medians, labelled."""
-    base_count = base["config"].world_size
-    figures = [(run, scaling_figures(run, base["runs"], base_count)) for run in row["runs"]]
-    paired = [(run, figure) for run, figure in figures if figure is not None]
-    if row is base:
-        return "1.00×", "100.0 %"
-    if paired:
-        runs = [run for run, _ in paired]
-        speedups, efficiencies = [figure[0] for _, figure in paired], [figure[1] for _, figure in paired]
-        return (f"{range_text(speedups, lambda value: f'{value:.2f}')}×",
-                f"{range_text(efficiencies, percent_text)} %{notes_text(machines_text(runs), caution(row, base))}")
-    speedup = row["images_per_second"] / base["images_per_second"]
-    label = scaling_label(row["runs"], base["runs"])
-    efficiency = speedup / (row["config"].world_size / base_count)
-    return f"{speedup:.2f}× {label}", f"{percent_text(efficiency)} % {label}{notes_text(caution(row, base))}"
+def flag(run):
+    """A run's caution at a range's end: noisy (unsteady), dirty (its commit does not name the code that ran)."""
+    marks = [word for word, on in (("noisy", run["noisy"]), ("dirty", run["dirty"])) if on]
+    return f" ({', '.join(marks)})" if marks else ""
+
+
+def span(values, runs, text):
+    """low–high of values through text, each end with its run's flag: '7,926 (noisy)–8,115'."""
+    low, high = min(range(len(values)), key=values.__getitem__), max(range(len(values)), key=values.__getitem__)
+    ends = text(values[low]) + flag(runs[low]), text(values[high]) + flag(runs[high])
+    return ends[0] if ends[0] == ends[1] else f"{ends[0]}–{ends[1]}"
+
+
+def counts(runs, unpaired=0, what="run"):
+    machines = len({run["machine"] for run in runs} - {None})
+    alone = f", {unpaired} unpaired" if unpaired else ""
+    return f"{len(runs)} {what}{'s' * (len(runs) != 1)}, {machines} machine{'s' * (machines != 1)}{alone}"
+
+
+def rates_text(runs):
+    """'4,692–4,751 (dirty) img/s (56 runs, 19 machines)': every run's img/s, the flags of the range's ends."""
+    if not runs:
+        return "not measured"
+    values = [rate(run) for run in runs]
+    return f"{span(values, runs, lambda value: format_rate(value, like=max(values)))} img/s ({counts(runs)})"
+
+
+def both(a, b):
+    """The flags of a ratio: noisy or dirty where either side is."""
+    return {"noisy": a["noisy"] or b["noisy"], "dirty": a["dirty"] or b["dirty"]}
+
+
+def ratio_of(numerators, denominators, text=ratio_text):
+    """B / A under the pairing rules: the range over B's like-for-like runs with their counts, else the medians'
+    ratio labelled (never a headline)."""
+    if not numerators or not denominators:
+        return "not measured"
+    paired = paired_ratios(numerators, denominators)
+    if not paired.values:
+        median = statistics.median(map(rate, numerators)) / statistics.median(map(rate, denominators))
+        return f"{text(median)}, {paired.label}"
+    ends = [both(run, next(base for base in denominators if unlike(run, base) is None)) for run in paired.runs]
+    return f"{span(paired.values, ends, text)} ({counts(paired.runs, len(numerators) - len(paired.runs))})"
+
+
+def scaling_of(runs, base_runs):
+    """Scaling efficiency of each run against base runs on its own GPUs, commit and software, as a range."""
+    if not runs or not base_runs:
+        return "not measured"
+    base_count = min(run["config"].world_size for run in base_runs)
+    paired = [(run, figures[1]) for run in runs for figures in [scaling_figures(run, base_runs, base_count)] if figures]
+    if not paired:  # from the medians, labelled: never a headline
+        efficiency = statistics.median(map(rate, runs)) / statistics.median(map(rate, base_runs)) / (
+            runs[0]["config"].world_size / base_count)
+        return f"{percent_text(efficiency)} % {scaling_label(runs, base_runs)}"
+    chosen = [run for run, _ in paired]
+    return f"{span([value for _, value in paired], chosen, percent_text)} % ({counts(chosen, len(runs) - len(chosen))})"
 
 
 def scaling_table(rows, labels, batch_mode):
     """Weak (per_device) or strong (global) scaling. Against the fewest GPUs of each series (N_base):
-    speed-up = T(N) / T(N_base), ideal = N / N_base, efficiency = T(N) / (N / N_base x T(N_base))."""
+    ideal speed-up = N / N_base, efficiency = T(N) / (N / N_base x T(N_base))."""
     unit, units, lines = unit_of(rows[0]["config"]), units_of(rows[0]["config"]), []
     weak = batch_mode == "per_device"
     for series in scaling_series(rows, batch_mode):
         base = series[0]
         for row in series:
             config = row["config"]
-            speedup, efficiency = scaling_cells(row, base, weak)
+            efficiency = "100.0 %" if row is base else scaling_of(row["runs"], base["runs"])
             ideal = config.world_size / base["config"].world_size
             per_device, global_batch = str(config.batch_size_per_device), f"{config.global_batch_size:,}"
             lines.append([config.benchmark, strategy_text(config, labels),
                           per_device if weak else global_batch, devices_text(config),
                           global_batch if weak else per_device, format_rate(row["images_per_second"]),
-                          format_rate(row["images_per_second"] / config.world_size), speedup,
-                          format_ratio(ideal), efficiency])
+                          format_rate(row["images_per_second"] / config.world_size), format_ratio(ideal),
+                          efficiency])
     if not lines:
         return None
     batches = [f"batch (img/{unit})", "global batch (img)"]
     header = ["benchmark", "strategy", batches[not weak], units, batches[weak], "Throughput (img/s)",
-              f"Throughput per {unit} (img/s)", f"Speed-up vs fewest {units}", "Ideal speed-up",
-              "Scaling efficiency"]
+              f"Throughput per {unit} (img/s)", "Ideal speed-up", "Scaling efficiency"]
     kind = f"**Weak scaling** (fixed batch per {unit}" if weak else "**Strong scaling** (fixed global batch"
     return "\n\n".join([wrap(f"{kind}; efficiency = throughput(N) / (N / N_base × throughput(N_base)), N_base the "
                              f"fewest {units} of the series; each run against base runs on its own {units})"),
                         table(header, lines)])
-
-
-def paired_cell(numerator, denominator, value=rate):
-    """A ratio of two rows under the pairing rules: the range over the numerator's like-for-like runs with their
-    count, or the rows' medians labelled across machines (or commits/software); noisy or unknown stability said."""
-    paired = paired_ratios(numerator["runs"], denominator["runs"], value)
-    cautious = caution(numerator, denominator)
-    if paired.values:
-        return f"{range_text(paired.values, ratio_text)}{notes_text(machines_text(paired.runs), cautious)}"
-    return f"{ratio_text(value(numerator) / value(denominator))} {paired.label}{notes_text(cautious)}"
 
 
 def lightning_table(rows, labels):
@@ -366,7 +350,7 @@ def lightning_table(rows, labels):
                       strategy_text(native["config"], labels), format_rate(native["images_per_second"]),
                       strategy_text(config, labels), lightning_variant(config),
                       format_rate(lightning["images_per_second"]),
-                      paired_cell(lightning, native),
+                      ratio_of(lightning["runs"], native["runs"]),
                       memory_cell(native, named, window), memory_cell(lightning, named, window),
                       format_ratio(memory_ratio)])
     if not lines:
@@ -498,12 +482,11 @@ def sharding_tables(runs, base):
 
 
 SHARDING_EXPLANATION = wrap(
-    "Sharding tables (oss_benchmark.py): one per launch, never mixing two; each strategy against the ddp run of its "
-    "own launch. vs ddp = rank 0's median throughput over that of the launch's ddp run; the phases are rank 0's "
-    "medians over the instrumented pass (CUDA events, no host "
-    "synchronisation); host ms per step = the host's time to queue one step's phases; collectives and MiB per step "
-    "come from the profiled pass (torch.profiler), next to the analytic volume; optimizer state = the largest rank's; "
-    "peak saving = the ddp run's peak memory minus the strategy's, over the same window.")
+    "Sharding tables (oss_benchmark.py): one per launch; vs ddp = rank 0's median throughput over that of the "
+    "launch's ddp run; phases = rank 0's medians over the instrumented pass (CUDA events, no host synchronisation); "
+    "host ms per step = the host's time to queue one step's phases; collectives and MiB per step from the profiled "
+    "pass (torch.profiler), next to the analytic volume; optimizer state = the largest rank's; peak saving = the ddp "
+    "run's peak memory minus the strategy's, over the same window.")
 
 
 # ---------------------------------------------------------------------------- comparisons (compare.py)
@@ -527,12 +510,7 @@ def comparison_label(a, b):
         return (f"{names.get(script_b, f'`{script_b}`')} / {names.get(script_a, f'`{script_a}`')}"
                 + (f", both `{shared}`" if shared.strip() else ""))
     extra = [option for option in options_b if option not in options_a]
-    if {"--coordinate-descent-tuning", "--sums-batch-norm", "--cuda-graphs"} <= set(extra):
-        precision = extra[extra.index("--precision") + 1] if "--precision" in extra else "bf16"
-        extra = f"the fastest mode in {precision}"  # performance.md's section of that name gives its options
-    else:
-        extra = f"`{' '.join(extra)}`"
-    return f"{extra} / {options_text(options_a)}"
+    return f"`{' '.join(extra)}` / {options_text(options_a)}"
 
 
 def comparison_result(document):
@@ -544,11 +522,11 @@ def comparison_result(document):
         return f"no complete pair ({document.get('status')})"
     noisy = document.get("noisy_rounds") or 0
     noise = f"; {noisy} of {len(document.get('rounds') or [])} rounds noisy" if noisy else ""
-    if isinstance(interval, list) and len(interval) == 2:
+    if isinstance(interval, list) and len(interval) == 2 and len(pairs) >= MIN_PAIRS:
         return (f"{document['ratio']:.3f}{label} (95 % interval {interval[0]:.3f}–{interval[1]:.3f}; "
                 f"{len(pairs)} pairs{noise})")
-    return (f"{document['ratio']:.3f}{label} from {len(pairs)} pair, no interval (stopped: {document.get('status')}"
-            f"{noise})")
+    why = "too few for an interval" if len(pairs) < MIN_PAIRS else f"no interval (stopped: {document.get('status')})"
+    return f"{document['ratio']:.3f}{label} from {len(pairs)} pairs, {why}{noise}"
 
 
 def machine_text(document):
@@ -573,13 +551,6 @@ def comparisons_table(comparisons, base):
     return table(["B / A", "B / A throughput", "GPU", "file"], rows) if rows else "No comparisons (compare.py)."
 
 
-def detectable_percent(logs, pairs):
-    """The smallest B/A difference (per cent) whose 95 % interval excludes 1 after this many pairs, at the spread of
-    these log pair ratios: t(0.975, pairs - 1) x their standard deviation / sqrt(pairs)."""
-    from scipy.stats import t
-    return 100 * (math.exp(t.ppf(0.975, pairs - 1) * statistics.stdev(logs) / math.sqrt(pairs)) - 1)
-
-
 def noise_table(comparisons, base):
     """A/A comparisons (the same command as A and B): the spread of their pair ratios, and the difference that each
     number of pairs can tell apart from that noise."""
@@ -595,7 +566,7 @@ def noise_table(comparisons, base):
                      f"{min(ratios):.3f}–{max(ratios):.3f} ({len(ratios)} pairs, "
                      f"{document.get('noisy_rounds') or 0} of {len(document.get('rounds') or [])} rounds noisy)",
                      f"{100 * statistics.stdev(logs):.2f} %",
-                     *(f"±{detectable_percent(logs, pairs):.1f} %" for pairs in (4, 8, 16, 32)),
+                     *(f"±{half_width_percent(ratios, pairs):.1f} %" for pairs in (4, 8, 16, 32)),
                      link(path, base)])
     header = ["command (A and B)", "GPU", "pair ratios", "spread (sd of log ratio)", "4 pairs", "8 pairs",
               "16 pairs", "32 pairs", "file"]
@@ -605,20 +576,12 @@ def noise_table(comparisons, base):
 # ---------------------------------------------------------------------------- the report
 
 EXPLANATION = wrap(
-    "Each row is one configuration. Throughput = images of all ranks / wall time of the timed steps; rank 0's median "
-    "throughput ± MAD comes from its per-step times; MFU = achieved FLOP/s over the GPU's dense peak (— where there "
-    "is no peak, as on the CPU); peak memory = the largest `max_memory_allocated` over the ranks (n/a on the CPU), "
-    "over the steps its column or figure names (figures over different steps are never compared). Repeats of a "
-    "configuration that ended ok are aggregated: the median over the runs, the range over every run and its spread "
-    "(max − min) / median, and how many runs and machines they are. Runs that did not end ok (✗) get a row each and "
-    "stay out of every comparison. A ratio is computed only between runs of the same machine (GPU UUIDs), commit and "
-    f"software; any other pair is labelled \"{ACROSS_MACHINES}\" or \"{ACROSS_BUILDS}\". \"{NOISY}\" marks results "
-    "that found their own run unsteady (its two halves differ, or the host bounds the step): one such run is not "
-    f"enough; \"{UNKNOWN_STABILITY}\" marks results written before the scripts judged it.")
-
-
-def runs_of(rows):
-    return [run for row in rows for run in row["runs"]]
+    "Each row is one configuration, its ok repeats aggregated: medians, the range over every run with its spread "
+    "(max − min) / median, runs and machines; a run that did not end ok (✗) gets its own row. Throughput = images of "
+    "all ranks / wall time of the timed steps; MFU = achieved FLOP/s over the GPU's dense peak (— without one); peak "
+    "memory = the largest `max_memory_allocated` over the ranks, over the steps its column names. A ratio divides "
+    "only runs of the same devices, commit and software, else it is labelled \"across ...\"; \"noisy\" marks a run "
+    f"that found itself unsteady, \"dirty\" one of uncommitted code, \"{UNKNOWN_STABILITY}\" an older run.")
 
 
 def render_markdown(runs, base, heading="###", comparisons=()):
@@ -634,7 +597,7 @@ def render_markdown(runs, base, heading="###", comparisons=()):
         tables = (all_runs_table(setup_rows, labels), scaling_table(setup_rows, labels, "per_device"),
                   scaling_table(setup_rows, labels, "global"), lightning_table(setup_rows, labels))
         parts += [text for text in tables if text]
-        parts += sharding_tables(runs_of(setup_rows), base)
+        parts += sharding_tables([run for row in setup_rows for run in row["runs"]], base)
     if any(run["config"].benchmark == OSS for run in runs):
         parts.append(SHARDING_EXPLANATION)
     if comparisons:
@@ -766,9 +729,7 @@ def plot_step_times(plt, rows, labels, title):
     medians = [statistics.median(row["step_times_ms"]) for row in shown]
     if max(medians) > 5 * min(medians):  # strong scaling spans N-fold step times: keep every box readable
         axis.set_xscale("log")
-        everything = [t for row in shown for t in row["step_times_ms"] if t > 0]
-        narrow = max(everything) < 10 * min(everything)  # within a decade: finer labelled ticks
-        axis.xaxis.set_major_locator(plt.LogLocator(subs=(1, 1.5, 2, 3, 5, 7) if narrow else (1, 2, 5)))
+        axis.xaxis.set_major_locator(plt.LogLocator(subs=(1, 1.5, 2, 3, 5, 7)))  # labelled within one decade too
         axis.xaxis.set_minor_formatter(plt.NullFormatter())
     else:
         axis.set_xlim(left=0)
@@ -811,9 +772,198 @@ def finished(plt, figure, axis, title):
     return figure
 
 
-# ---------------------------------------------------------------------------- generated answers
+# ---------------------------------------------------------------------------- the one-screen answer
 
-ANY = object()  # a setting an answer does not restrict
+WIDTH, SCREEN = 120, 50  # the default view's line length and line count at most
+# The documents whose generated blocks are report.py's (scaling_model.py regenerates and checks its own document).
+DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/results.md", "docs/scaling.md",
+             "docs/sharding.md", "lightning/README.md")
+COMMANDS = {  # what measures a question that the results cannot answer
+    "speed": "python ddp_resnet50.py --output r.json",
+    "weak": "slurm/scaling_sweep.sh weak (or torchrun --nproc-per-node N)",
+    "strong": "slurm/scaling_sweep.sh strong (or --global-batch-size B)",
+    "lightning": "python lightning/ddp_resnet50.py --output l.json beside native's runs",
+    "host-bound": "python experiments/lightning-interleaved/interleave.py --batch-size-per-device 32",
+    "sharding": "torchrun --standalone --nproc-per-node 2 oss_benchmark.py"}
+
+
+def fit(text, width=WIDTH):
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def deviations(config, labels, precision):
+    """How a configuration differs from the usual one of its group: its compile mode, its precision where it is not
+    the group's usual one, and the options that option_labels shows for it."""
+    words = [] if config.compile_mode is None else [f"compile {config.compile_mode}"]
+    return words + [config.precision] * (config.precision != precision) + [
+        option_text(name, value).replace("=true", "") for name, value in labels.get(config, [])
+        if value not in (None, "null")]  # an option that older results do not record is no difference
+
+
+def usual(rows):
+    """(the option labels of the rows' configurations, their most common precision)."""
+    configs = [row["config"] for row in rows]
+    return option_labels(set(configs)), statistics.mode(config.precision for config in configs)
+
+
+def workload(config):
+    return (f"{config.device_name}, {config.model} {config.image_size} px, {config.batch_size_per_device} "
+            f"img/{unit_of(config)}")
+
+
+def speed_answer(rows):
+    """Per device and workload: the default mode's throughput, and the fastest other mode's, over every run."""
+    native = [row for row in rows if row["status"] == "ok" and row["config"].benchmark == NATIVE
+              and row["config"].world_size == 1]
+    if not native:
+        return [f"DDP speed: no one-device run of ddp_resnet50.py; measure: {COMMANDS['speed']}"]
+    found = usual(native)
+    lines = ["DDP speed (ddp_resnet50.py, one device; img/s over every run of a mode):"]
+    for device in sorted({row["config"].device_name for row in native}):
+        mine = [row for row in native if row["config"].device_name == device]
+        default = max(mine, key=lambda row: (not deviations(row["config"], *found), len(row["runs"])))
+        same = [row for row in mine if workload(row["config"]) == workload(default["config"])]
+        fastest = max(same, key=lambda row: row["images_per_second"])
+        modes = " ".join(deviations(default["config"], *found)) or "the defaults"
+        lines.append(fit(f"  {workload(default['config'])}, {modes}: {rates_text(default['runs'])}"))
+        if fastest is not default:
+            lines.append(fit(f"    fastest of {len(same)} modes: {rates_text(fastest['runs'])}, with"))
+            lines += textwrap.wrap(", ".join(deviations(fastest["config"], *found)), WIDTH, initial_indent=" " * 6,
+                                   subsequent_indent=" " * 6)
+    return lines
+
+
+def scaling_answer(rows):
+    """Scaling efficiency of ddp_resnet50.py by device count, weak and strong: per count, the range over the runs
+    that have base runs on their own devices, commit and software, with flags at its ends."""
+    lines = []
+    for mode, name in (("per_device", "weak"), ("global", "strong")):
+        series = [members for members in scaling_series(rows, mode)
+                  if (members[0]["config"].benchmark, members[0]["config"].strategy) == (NATIVE, "ddp")]
+        if not series:
+            lines.append(f"Scaling, {name}: no series of device counts; measure: {COMMANDS[name]}")
+            continue
+        chosen = max(series, key=lambda members: (len({row["config"].world_size for row in members}),
+                                                  sum(len(row["runs"]) for row in members)))
+        base, config = chosen[0], chosen[0]["config"]
+        kept = (f"{config.batch_size_per_device} img/{unit_of(config)}" if mode == "per_device"
+                else f"global batch {config.global_batch_size:,}")
+        others = f"; {len(series) - 1} other series: --all" if len(series) > 1 else ""
+        lines.append(fit(f"Scaling efficiency, {name} ({config.device_name}, {config.model}, {kept}; against "
+                         f"{config.world_size} {unit_of(config)}{others}):"))
+        found = usual(chosen)
+        for count in sorted({row["config"].world_size for row in chosen} - {config.world_size}):
+            members = sorted((row for row in chosen if row["config"].world_size == count),
+                             key=lambda row: (len(deviations(row["config"], *found)), -len(row["runs"])))
+            shown = 3 if len(members) > 1 and len({row["config"].world_size for row in chosen}) <= 2 else 1
+            for row in members[:shown]:
+                label = ", ".join(deviations(row["config"], *found)) or "the defaults"
+                lines.append(fit(f"  {count} {units_of(config)}, {label}: {scaling_of(row['runs'], base['runs'])}"))
+            lines += [f"  {count} {units_of(config)}: {len(members) - shown} more DDP settings: --all"] * (
+                len(members) > shown)
+    return lines
+
+
+def host_bound(*rows):
+    return any("host-bound" in (run["noisy_reason"] or "") for row in rows for run in row["runs"])
+
+
+def lightning_answer(rows):
+    """The twin against native per regime: GPU-bound from whole runs (like-for-like pairs), host-bound only
+    from loops interleaved in one process (whole runs there differ by more than the cost)."""
+    pairs = lightning_pairs(rows)
+    if not pairs:
+        return [f"Lightning / native: no pair; measure: {COMMANDS['lightning']}"]
+    labels, precision = usual([row for pair in pairs for row in pair])
+    batch = statistics.mode(native["config"].batch_size_per_device for native, _ in pairs)  # the usual workload
+    groups = defaultdict(lambda: ([], []))
+    for native, twin in pairs:
+        config = native["config"]  # the scripts' defaults, DDP's included: every pooled pair like for like
+        if (not host_bound(native, twin) and not deviations(config, labels, precision)
+                and config.batch_size_per_device == batch):
+            variant = ", ".join(option_text(name, value).replace("lightning_", "") for name, value
+                                in labels.get(twin["config"], []) if name.startswith("lightning_")
+                                and value not in (None, "null"))
+            key = (twin["config"].world_size, twin["config"].batch_size_per_device, variant or "stock")
+            groups[key][0].extend(run for run in twin["runs"] if run not in groups[key][0])
+            groups[key][1].extend(run for run in native["runs"] if run not in groups[key][1])
+    lines = ["Lightning / native img/s (whole runs on the same devices, commit and software):"]
+    for (count, batch, variant), (twins, natives) in sorted(groups.items()):
+        devices = f"{count} {(units_of, unit_of)[count == 1](twins[0]['config'])}"
+        label = paired_ratios(twins, natives).label  # a pair of two machines or builds: no figure on this screen
+        figure = f"{label}: no like-for-like pair" if label else ratio_of(twins, natives)
+        lines.append(fit(f"  GPU-bound, {devices} × {batch}, {variant}: {figure}"))
+    lines += [f"  GPU-bound: no pair at {batch} img per device (--all shows every pair)"] * (len(lines) == 1)
+    noisy = sum(host_bound(native, twin) for native, twin in pairs)
+    lines += [f"  host-bound: whole runs differ by more than the cost ({noisy} pairs here); loops interleaved in one "
+              f"process:", f"    {COMMANDS['host-bound']}"]
+    return lines
+
+
+def sharding_figures(runs):
+    """(the ddp configuration of the most launched setup or None, how many other setups, one row per strategy of
+    its most launched configuration: speed of rank 0's medians and peak memory as % of the ddp run of the same
+    launch, the flags of both runs at the ends, launches and machines)."""
+    groups = defaultdict(list)
+    for members in launches(runs):
+        baseline = next((run for run in members if run["config"].strategy == "ddp" and run["status"] == "ok"), None)
+        if baseline:
+            groups[setup_of(baseline["config"]), baseline["config"].world_size,
+                   baseline["config"].batch_size_per_device].append((baseline, members))
+    if not groups:
+        return None, 0, []
+    key = max(groups, key=lambda key: len(groups[key]))
+    found, best, rows = defaultdict(list), {}, []
+    for baseline, members in groups[key]:
+        for run in members:
+            if run is not baseline and run["status"] == "ok" and unlike(run, baseline) is None:
+                found[run["config"]].append((run, baseline))
+    for config, pairs in found.items():
+        if len(pairs) > len(best.get(config.strategy, [])):
+            best[config.strategy] = pairs
+    for strategy in sorted(best, key=strategy_rank):
+        pairs = best[strategy]
+        speed = [run["rank0_median"] / base["rank0_median"] for run, base in pairs]
+        memory = [(run["peak_allocated_mib"] / base["peak_allocated_mib"], both(run, base)) for run, base in pairs
+                  if run["peak_allocated_mib"] and base["peak_allocated_mib"]
+                  and run["memory_window"] == base["memory_window"]]
+        rows.append([strategy, span(speed, [both(*pair) for pair in pairs], percent_text) + " %",
+                     span(*zip(*memory), percent_text) + " %" if memory else "–",
+                     counts([run for run, _ in pairs], what="launch").replace("launchs", "launches")])
+    return groups[key][0][0]["config"], len(groups) - 1, rows
+
+
+def sharding_answer(runs):
+    """Each strategy against the ddp run of its own launch, speed and peak memory, over the most launched setup."""
+    config, others, rows = sharding_figures(runs)
+    if config is None:
+        return [f"Sharding / DDP: no launch with a ddp run; measure: {COMMANDS['sharding']}"]
+    more = f"; {others} other setups: --all" if others else ""
+    return [fit(f"Sharding, % of the ddp run of its launch ({workload(config)}, {config.world_size} "
+                f"{units_of(config)}{more}):")] + [
+        fit(f"  {strategy}: speed {speed}, peak memory {memory} ({launched})") for strategy, speed, memory, launched
+        in rows]
+
+
+def answer(runs, paths):
+    """The one-screen answer: per question one line (or one per device count or strategy) with its like-for-like
+    range, its counts and the flags of its ends; where the results cannot answer, the command that would."""
+    rows = aggregate(runs)
+    ok = sum(run["status"] == "ok" for run in runs)
+    machines = len({run["machine"] for run in runs} - {None})
+    lines = [fit(f"{len(runs)} results ({ok} ok) in {', '.join(map(str, paths))}, {machines} machine"
+                 f"{'s' * (machines != 1)}")]
+    lines += speed_answer(rows) + scaling_answer(rows) + lightning_answer(rows) + sharding_answer(runs)
+    if len(lines) > SCREEN - 1:  # many GPU models or counts: the rest behind --all
+        lines = lines[:SCREEN - 2] + [f"... {len(lines) - SCREEN + 2} more lines: --all"]
+    lines.append("Every table: report.py --all [PATH]; a launch's strategies: --sharding; noisy: an unsteady run; "
+                 "dirty: uncommitted code")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- the documents' generated blocks
+
+ANY = object()  # a setting a block does not restrict
 # What the native script runs without options on one H200 (the results record every one of these).
 DEFAULT_RUN = {"benchmark": NATIVE, "strategy": "ddp", "device": "cuda", "model": "resnet50", "image_size": 224,
                "precision": "bf16", "memory_format": "channels_last", "optimizer": "sgd", "compile_mode": None,
@@ -824,11 +974,8 @@ DEFAULT_RUN = {"benchmark": NATIVE, "strategy": "ddp", "device": "cuda", "model"
 TWIN = {"benchmark": LIGHTNING, "strategy": "lightning_ddp"}
 FASTEST = {"precision": "fp16", "loss_scale": 1024.0, "compile_mode": "default", "coordinate_descent_tuning": True,
            "cuda_graphs": True, "stem_conv": "space_to_depth", "max_pool_backward": "dense", "batch_norm": "sums"}
-COMPILED_TWO = {"world_size": 2, "compile_mode": "default", "compiled_ddp": "ddp_optimizer"}
 COMPUTATION_SETTINGS = ("stem_conv", "max_pool_backward", "batch_norm")
-# The interleaved measurement of the twin's loop lives in experiments/, not in results/: quoted as it stands.
-INTERLEAVED = ("0.956 (29 runs on 5 machines, 95 % interval 0.953–0.960)",
-               "experiments/lightning-interleaved/README.md")
+INTERLEAVED = REPOSITORY / "experiments" / "lightning-interleaved" / "data"
 
 
 def setting_of(run, name):
@@ -844,300 +991,104 @@ def pick(runs, **settings):
     that do not apply to a run (DDP's on one rank) are not asked of it."""
     wanted = {**DEFAULT_RUN, **settings}
     return [run for run in runs if run["status"] == "ok" and all(
-        value is ANY or not applies(name, run["config"]) or matches(setting_of(run, name), value)
+        value is ANY or not applies(name, run["config"])
+        or (setting_of(run, name) in value if isinstance(value, tuple) else setting_of(run, name) == value)
         for name, value in wanted.items())]
 
 
-def matches(setting, wanted):
-    return setting in wanted if isinstance(wanted, tuple) else setting == wanted
+def interleaved(devices):
+    """The twin's loop against native's, interleaved in one process (experiments/lightning-interleaved/): the
+    pooled median of every block ratio, with the 95 % interval of pool.py's run bootstrap (its seed and rounds)."""
+    import random
+    runs = [json.loads(path.read_text())["summary"]["ratios"]
+            for path in sorted(INTERLEAVED.glob(f"interleave-*{devices}gpu-bf16-32*.json"))]
+    rng = random.Random(0)
+    medians = sorted(statistics.median([value for run in rng.choices(runs, k=len(runs)) for value in run])
+                     for _ in range(4000))
+    pooled = [value for run in runs for value in run]
+    return (f"{statistics.median(pooled):.3f} (95 % interval {medians[100]:.3f}–{medians[3899]:.3f}, {len(runs)} "
+            f"runs of {len(pooled):,} blocks)")
 
 
-def counted(runs, what="run"):
-    count, machines = len(runs), len({run["machine"] for run in runs} - {None})
-    return f"{count} {what}{'s' * (count != 1)} on {machines} machine{'s' * (machines != 1)}"
-
-
-def rates_text(runs, digits=0):
-    """The range of throughput over every run, with how many runs and machines: '4,698–4,751 img/s (27 runs on
-    14 machines)'."""
-    if not runs:
-        return "not measured"
-    rates = [rate(run) for run in runs]
-    return f"{range_text(rates, lambda value: f'{value:,.{digits}f}')} img/s ({counted(runs)})"
-
-
-def median_text(runs):
-    rates = [rate(run) for run in runs]
-    return (f"{statistics.median(rates):,.0f} img/s (median of {counted(runs)}, "
-            f"{range_text(rates, lambda value: f'{value:,.0f}')})")
-
-
-def mfu_text(runs):
-    values = [run["mfu"] for run in runs if run["mfu"] is not None]
-    return f"{range_text(values, percent_text)} %" if values else NO_PEAK
-
-
-def ratio_of(numerators, denominators, as_percent=False):
-    """B / A under the pairing rules: the range over every like-for-like run of B with their count, else the medians'
-    ratio labelled (never a headline)."""
-    if not numerators or not denominators:
-        return "not measured"
-    text = (lambda value: f"{value * 100:.1f}") if as_percent else ratio_text
-    unit = " %" if as_percent else ""
-    paired = paired_ratios(numerators, denominators)
-    if paired.values:
-        unpaired = len(numerators) - len(paired.runs)
-        alone = f"; {unpaired} more unpaired" if unpaired else ""
-        return f"{range_text(paired.values, text)}{unit} ({counted(paired.runs)}{alone})"
-    median = statistics.median(map(rate, numerators)) / statistics.median(map(rate, denominators))
-    return f"{text(median)}{unit}, {paired.label}"
-
-
-def scaling_values(runs, base_runs):
-    """(efficiencies, their runs) of the runs that have base runs of their GPUs, commit and software."""
-    if not runs or not base_runs:
-        return [], []
-    base_count = min(run["config"].world_size for run in base_runs)
-    paired = [(run, scaling_figures(run, base_runs, base_count)) for run in runs]
-    paired = [(run, figures[1]) for run, figures in paired if figures]
-    return [value for _, value in paired], [run for run, _ in paired]
-
-
-def scaling_of(runs, base_runs):
-    """Scaling efficiency of each run against base runs on its own GPUs (same commit and software), as a range."""
-    if not runs:
-        return "not measured"
-    values, paired = scaling_values(runs, base_runs)
-    if not values:
-        return f"{ACROSS_MACHINES}: no base runs of its GPUs, commit and software"
-    unpaired = len(runs) - len(paired)
-    alone = f"; {unpaired} more unpaired" if unpaired else ""
-    return f"{range_text(values, percent_text)} % ({counted(paired)}{alone})"
-
-
-def files_text(runs, base, limit=3):
-    """Links to the result files, or to their campaign folders where there are more than limit."""
-    paths = sorted({run["path"].resolve() for run in runs})
-    if len(paths) <= limit:
-        return ", ".join(link(path, base) for path in paths)
-    folders = sorted({path.parent for path in paths})
-    shown = ", ".join(link(folder, base, folder.name) for folder in folders[:limit])
-    more = f" and {len(folders) - limit} more" if len(folders) > limit else ""
-    return f"{len(paths)} files in {shown}{more}"
-
-
-class Evidence:
-    """The committed runs and launches an answer document draws on, with the document's folder for its links."""
-
-    def __init__(self, runs, document):
-        self.runs, self.base = runs, (REPOSITORY / document).parent
-        self.launches = launches(runs)
-
-    def pick(self, **settings):
-        return pick(self.runs, **settings)
-
-    def files(self, *groups, limit=3):
-        return files_text([run for group in groups for run in group], self.base, limit)
-
-    def sharding(self, strategy, **settings):
-        """(ratios of rank 0's medians strategy / ddp, one per launch that ran both under settings, those runs)."""
-        ratios, used = [], []
-        for members in self.launches:
-            chosen = pick(members, benchmark=OSS, strategy=strategy, **settings)
-            baselines = pick(members, benchmark=OSS, strategy="ddp", **settings)
-            if chosen and baselines and unlike(chosen[0], baselines[0]) is None:
-                ratios.append(chosen[0]["rank0_median"] / baselines[0]["rank0_median"])
-                used += [chosen[0], baselines[0]]
-        return ratios, used
-
-
-SHARDING_SGD = {"fsdp_units": "model", "fsdp_param_dtype": "fp32", "preset": None, "cudnn_deterministic": False,
-                "world_size": 2, "optimizer_impl": ANY, "cudnn_benchmark_limit": ANY, "comm_hook": ANY,
-                "coordinate_descent_tuning": ANY}
-
-
-def launches_text(ratios, used):
-    if not ratios:
-        return "not measured"
-    launched = len(ratios)
-    return (f"{range_text(ratios, percent_text)} % ({launched} launch{'es' * (launched != 1)} on "
-            f"{len({run['machine'] for run in used})} machine{'s' * (len({run['machine'] for run in used}) != 1)})")
-
-
-def summary_answers(e):
-    """README.md's results summary: one compact table, and where the raw files are listed."""
-    default, two = e.pick(), e.pick(world_size=2)
-    two_nobb, compiled_base = e.pick(world_size=2, broadcast_buffers=False), e.pick(compile_mode="default")
-    compiled = e.pick(**COMPILED_TWO, bucket_cap_mb=50.0, broadcast_buffers=False)
-    twin_two = {**TWIN, "world_size": 2, "lightning_ddp_side_stream": ANY}
-    sigterm = e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=True)
-    no_sigterm = e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=False)
-    matched = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=False, lightning_sigterm_sync=False)
-    side = e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False)
-    used = [run for name in SHARDING_ORDER[1:] for run in e.sharding(name, **SHARDING_SGD)[1]]
-    saved = [run["analysis"]["memory"]["expected_optimizer_state_saving_bytes_vs_ddp"] / MIB for run in used
-             if run["config"].strategy == "zero1"]
-    peaks = [run["peak_allocated_mib"] for run in used if run["config"].strategy == "ddp"]
-    rows = [["DDP speed", "1 GPU, eager (the default)", rates_text(default)],
-            ["DDP speed", "1 GPU, the fastest mode (fp16, compiled, captured, tuned)", median_text(e.pick(**FASTEST))],
-            ["DDP scaling", "2 GPUs, eager, the defaults", scaling_of(two, default)],
-            ["DDP scaling", "2 GPUs, eager, `--no-broadcast-buffers`", scaling_of(two_nobb, default)],
-            ["DDP scaling", "2 GPUs, compiled, 50 MB buckets, no buffer broadcast",
-             scaling_of(compiled, compiled_base)],
-            ["Lightning cost", "1 GPU / native", ratio_of(e.pick(**TWIN), default)],
-            ["Lightning cost", "2 GPUs, the matched variant's pieces / native", ratio_of(matched, two)],
-            ["Lightning cost", "2 GPUs, DDP on Lightning's side stream / native", ratio_of(side, two)],
-            ["Lightning cost", "2 GPUs, the twin with its SIGTERM broadcast / without", ratio_of(sigterm, no_sigterm)],
-            ["Lightning cost", "1 GPU, 32 images (host-bound), matched, interleaved", INTERLEAVED[0]],
-            *[["sharding speed", f"2 GPUs, {label} / DDP", launches_text(*e.sharding(name, **SHARDING_SGD))]
-              for name, label in (("oss_ddp", "OSS + DDP"), ("oss_sharded_ddp", "OSS + ShardedDDP"),
-                                  ("fsdp_zero2", "FSDP2 ZeRO-2 (one unit)"))],
-            ["sharding memory", "2 GPUs, optimizer state saved (SGD) / peak",
-             f"{range_text(saved, lambda value: f'{value:.1f}')} MiB of {range_text(peaks, format_mib)} MiB"]]
-    return "\n\n".join([table(["question", "configuration", "result"], rows), wrap(
-        "Ratios pair runs of one machine, commit and software; ranges cover every committed repeat. Every result file "
-        "behind these figures: [docs/results.md](docs/results.md); the speed questions in detail: "
-        "[docs/performance.md](docs/performance.md); sharding: [docs/sharding.md](docs/sharding.md).")])
-
-
-def performance_answers(e):
-    """docs/performance.md's answers table."""
-    default, fastest = e.pick(), e.pick(**FASTEST)
-    two, two_nobb = e.pick(world_size=2), e.pick(world_size=2, broadcast_buffers=False)
-    compiled_base = e.pick(compile_mode="default")
-    compiled = e.pick(**COMPILED_TWO, bucket_cap_mb=50.0, broadcast_buffers=False)
-    every_compiled = e.pick(**{**COMPILED_TWO, "compiled_ddp": ANY}, bucket_cap_mb=ANY, broadcast_buffers=ANY)
-    small = {"batch_size_per_device": 32}
-    twins = [("1 GPU, 256", e.pick(**TWIN), default),
-             ("2 GPUs, 256, DDP on the current stream", e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=False,
-                                                               lightning_sigterm_sync=False), two),
-             ("2 GPUs, 256, DDP on Lightning's side stream (stock's)",
-              e.pick(**TWIN, world_size=2, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False), two),
-             ("1 GPU, 32, `--compile --cuda-graphs`", e.pick(**TWIN, **small, compile_mode="default", cuda_graphs=True),
-              e.pick(**small, compile_mode="default", cuda_graphs=True)),
-             ("1 GPU, the fastest mode", e.pick(**TWIN, **FASTEST), fastest)]
-    rows = [
-        ["default speed, one H200, 256 images", f"{rates_text(default)}, MFU {mfu_text(default)} (eager, bf16, "
-         "channels_last)", "[What a result's numbers are worth](noise.md#what-a-results-numbers-are-worth)"],
-        ["fastest measured, one H200", f"{median_text(fastest)}, MFU {mfu_text(fastest)}; against the default on "
-         f"the same GPU: {ratio_of(fastest, default)}", "[The fastest mode](#the-fastest-mode)"],
-        ["two GPUs, eager", f"{scaling_of(two_nobb, default)} scaling with `--no-broadcast-buffers`, "
-         f"{scaling_of(two, default)} with the scripts' defaults", "[Two GPUs](#two-gpus-scaling)"],
-        ["two GPUs, compiled", f"{scaling_of(compiled, compiled_base)} with 50 MB buckets and no buffer broadcast; "
-         f"{scaling_of(every_compiled, compiled_base)} over every compiled 2-GPU run: the compiled step runs at the "
-         "H200's 700 W power limit", "[Compiled](#compiled-steps-on-two-gpus)"],
-        ["32 images per GPU", f"eager is host-bound: {rates_text(e.pick(**small))}; captured "
-         f"{rates_text(e.pick(**small, cuda_graphs=True))}; compiled and captured "
-         f"{rates_text(e.pick(**small, compile_mode='default', cuda_graphs=True))}",
-         "[32 images](#one-gpu-32-images-host-bound)"],
-        ["the twin against native", "; ".join(f"{label}: {ratio_of(twin, native)}" for label, twin, native in twins)
-         + f"; host-bound, 1 GPU, 32 eager, interleaved in one process: {INTERLEAVED[0]}",
-         "[The twin](#the-lightning-twin-in-these-modes)"]]
-    return table(["question", "answer", "evidence"], rows)
-
-
-ONE_GPU_MODES = [  # docs/performance.md's one-GPU table: (mode, settings, bold)
-    ("eager fp32 with TF32 (`--precision fp32`)", {"precision": "fp32"}, False),
-    ("eager bf16, channels_last (the default)", {}, True),
-    ("eager bf16, `--cuda-graphs`", {"cuda_graphs": True}, False),
-    ("eager fp16 with PyTorch's GradScaler (`--precision fp16`)", {"precision": "fp16", "loss_scale": "dynamic"},
-     False),
-    ("eager fp16, `--loss-scale 1024`", {"precision": "fp16", "loss_scale": 1024.0}, False),
-    ("`--compile`, bf16", {"compile_mode": "default"}, False),
-    ("`--compile`, fp16 with the GradScaler", {"compile_mode": "default", "precision": "fp16", "loss_scale": "dynamic"},
-     False),
-    ("`--compile --cuda-graphs`, bf16", {"compile_mode": "default", "cuda_graphs": True}, False),
-    ("`--compile --cuda-graphs`, bf16, 512 images", {"compile_mode": "default", "cuda_graphs": True,
-                                                     "batch_size_per_device": 512}, False),
+ONE_GPU_MODES = [  # docs/performance.md's table: (mode, settings)
+    ("one H200, eager bf16, channels_last (the default)", {}),
+    ("eager bf16, `--cuda-graphs`", {"cuda_graphs": True}),
+    ("eager fp16, `--loss-scale 1024`", {"precision": "fp16", "loss_scale": 1024.0}),
+    ("`--compile`, bf16", {"compile_mode": "default"}),
+    ("`--compile`, fp16 with PyTorch's GradScaler", {"compile_mode": "default", "precision": "fp16",
+                                                     "loss_scale": "dynamic"}),
+    ("`--compile --cuda-graphs`, bf16", {"compile_mode": "default", "cuda_graphs": True}),
     ("`--compile --cuda-graphs --coordinate-descent-tuning`, bf16", {"compile_mode": "default", "cuda_graphs": True,
-                                                                      "coordinate_descent_tuning": True}, False),
-    ("`--compile-mode max-autotune-no-cudagraphs --cuda-graphs`, bf16, convolutions left to cuDNN "
-     "(`TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS=ATEN`)",
-     {"compile_mode": "max-autotune-no-cudagraphs", "cuda_graphs": True, "coordinate_descent_tuning": True,
-      "inductor_environment": {"TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS": "ATEN"}}, False),
-    ("`--compile --cuda-graphs --coordinate-descent-tuning`, fp16 `--loss-scale 1024`",
-     {key: value for key, value in FASTEST.items() if key not in COMPUTATION_SETTINGS}, False),
-    ("+ `--space-to-depth-stem --dense-max-pool-backward`", {**FASTEST, "batch_norm": "torchvision"}, False),
-    ("+ `--sums-batch-norm`: the fastest mode", FASTEST, True)]
+                                                                      "coordinate_descent_tuning": True}),
+    ("the same, fp16 `--loss-scale 1024`", {key: value for key, value in FASTEST.items()
+                                           if key not in COMPUTATION_SETTINGS}),
+    ("+ `--space-to-depth-stem --dense-max-pool-backward`", {**FASTEST, "batch_norm": "torchvision"}),
+    ("+ `--sums-batch-norm`: the fastest mode", FASTEST)]
 
 
-def one_gpu_answers(e):
-    """docs/performance.md's one-GPU table: every repeat of each mode, against the default on the same GPU."""
-    default, rows = e.pick(), []
-    for mode, settings, bold in ONE_GPU_MODES:
-        runs = e.pick(**settings)
-        rates = [rate(run) for run in runs]
-        figure = "not measured" if not runs else f"{rates[0]:,.0f} ({counted(runs)})" if len(runs) == 1 else \
-            f"{statistics.median(rates):,.0f} ({range_text(rates, lambda value: f'{value:,.0f}')}; {counted(runs)})"
-        against = "1.00" if not settings else ratio_of(runs, default)
-        strong = (lambda text: f"**{text}**") if bold else (lambda text: text)
-        of_tf32 = " of TF32" if settings.get("precision") == "fp32" and runs else ""  # TF32's peak is the divisor
-        rows.append([strong(mode), strong(figure), against, mfu_text(runs) + of_tf32, e.files(runs, limit=2)])
-    return table(["mode (options)", "img/s: median (range; runs)", "× default (same GPU, commit and software)", "MFU",
-                  "files"], rows)
+def performance_block(runs):
+    """docs/performance.md's answer: each mode on one GPU against the default on the same GPU, 32 images, and the
+    scaling efficiency of two GPUs."""
+    default, small = pick(runs), {"batch_size_per_device": 32}
+    compiled = pick(runs, world_size=2, compile_mode="default", compiled_ddp=ANY, bucket_cap_mb=ANY,
+                    broadcast_buffers=ANY)
+    rows = [[mode, rates_text(chosen), ratio_of(chosen, default) if settings else "1"]
+            for mode, settings in ONE_GPU_MODES for chosen in [pick(runs, **settings)]]
+    rows += [["32 images, eager (host-bound)", rates_text(pick(runs, **small)), "–"],
+             ["32 images, compiled and captured",
+              rates_text(pick(runs, **small, compile_mode="default", cuda_graphs=True)), "–"],
+             ["two H200s, eager: scaling efficiency", scaling_of(pick(runs, world_size=2), default), "–"],
+             ["two H200s, eager, `--no-broadcast-buffers`",
+              scaling_of(pick(runs, world_size=2, broadcast_buffers=False), default), "–"],
+             ["two H200s, compiled: scaling efficiency", scaling_of(compiled, pick(runs, compile_mode="default")),
+              "–"]]
+    return table(["mode", "img/s (runs, machines)", "× the default, same GPU"], rows)
 
 
-def sharding_answers(e):
-    """docs/sharding.md's table of one launch at 224 px (SGD), each strategy also over every launch like it."""
-    members = next(members for members in e.launches
-                   if members[0]["path"].name.startswith("x5-sharding-2gpu-bf16-256-sgd-"))
-    baseline = next(run for run in members if run["config"].strategy == "ddp")
-    rows = []
-    for run in members:
-        analysis = run["analysis"] or {}
-        phases = phase_ms(analysis)
-        syncs = [phases[name] for name in ("parameter_sync", "parameter_sync_before_forward") if phases[name]]
-        host = analysis.get("host_phase_sum_ms_median_per_rank") or []
-        ratios, used = e.sharding(run["config"].strategy, **SHARDING_SGD) if run is not baseline else ([1.0], [run])
-        saved = baseline["peak_allocated_mib"] - run["peak_allocated_mib"]
-        rows.append([run["config"].strategy, rank0_cell(row_of([run], "ok")), versus_ddp(run, baseline),
-                     launches_text(ratios, used) if run is not baseline else "100.0 %",
-                     " / ".join(format_number(phases[name], 2) for name in ("forward", "backward", "optimizer_step"))
-                     + f" / {format_number(sum(syncs) if syncs else None, 2)}",
-                     " / ".join(format_number(value, 1) for value in host) or "–",
-                     format_number(analysis.get("phase_sum_ms_median"), 1), collectives_cells(analysis)[0],
-                     f"{format_mib(run['peak_allocated_mib'])}" + (f" ({saved:,.0f})" if run is not baseline else "")])
-    return table(["strategy", "img/s (rank 0) ± MAD", "vs ddp", "vs ddp, every launch like it",
-                  "forward / backward / step / sync ms", "host ms per step", "GPU ms per step", "collectives per step",
-                  "peak MiB (saved)"], rows)
+def sharding_block(runs):
+    """docs/sharding.md's answer: the one-screen answer's sharding lines as a table."""
+    return table(["strategy", "speed, % of ddp's", "peak memory, % of ddp's", "launches, machines"],
+                 sharding_figures(runs)[2])
 
 
-def lightning_answers(e):
-    """lightning/README.md's cost table: each twin run against the native runs of its machine, commit and software."""
-    two, no_views = e.pick(world_size=2), e.pick(world_size=2, gradient_as_bucket_view=False)
-    twin_two = {**TWIN, "world_size": 2}
-    cases = [("stock pieces both (side stream, SIGTERM broadcast; bucket views off)",
-              e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
-                     lightning_ddp_side_stream=ANY), no_views),
-             ("side stream only (no broadcast; bucket views off)",
-              e.pick(**twin_two, gradient_as_bucket_view=False, lightning_sigterm_sync=False,
-                     lightning_ddp_side_stream=ANY), no_views),
-             ("side stream only (bucket views on)",
-              e.pick(**twin_two, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False), two),
-             ("DDP on the current stream, no broadcast (the matched variant's pieces)",
-              e.pick(**twin_two, lightning_ddp_side_stream=False, lightning_sigterm_sync=False), two),
-             ("one GPU (no DDP, no broadcast: stock and matched run alike)", e.pick(**TWIN), e.pick())]
-    rows = []
-    for label, twins, natives in cases:
-        partners = [base for base in natives if any(unlike(run, base) is None for run in twins)] or natives
-        rows.append([label, rates_text(twins), rates_text(partners), ratio_of(twins, natives),
-                     e.files(twins, partners, limit=4)])
-    return table(["run (256 per GPU)", "Lightning img/s", "native img/s (its partners, else every one)",
-                  "Lightning / native", "files"], rows)
+def launch_block(runs, base):
+    """docs/sharding.md's evidence: the launch at 224 px (SGD) that its prose walks through, as --sharding shows it."""
+    return sharding_table(next(members for members in launches(runs)
+                               if members[0]["path"].name.startswith("x5-sharding-2gpu-bf16-256-sgd-")), base)
+
+
+def lightning_block(runs):
+    """lightning/README.md's cost: the twin against native where the GPU sets the pace (whole runs, 256 images)."""
+    two = {**TWIN, "world_size": 2}
+    cases = [("1 GPU (no DDP: stock and matched alike)", pick(runs, **TWIN), pick(runs)),
+             ("2 GPUs, matched (DDP on the current stream, no broadcast)",
+              pick(runs, **two, lightning_ddp_side_stream=False, lightning_sigterm_sync=False),
+              pick(runs, world_size=2)),
+             ("2 GPUs, DDP on Lightning's side stream, no broadcast",
+              pick(runs, **two, lightning_ddp_side_stream=(True, None), lightning_sigterm_sync=False),
+              pick(runs, world_size=2)),
+             ("2 GPUs, the SIGTERM broadcast against none (bucket views off)",
+              pick(runs, **two, gradient_as_bucket_view=False, lightning_sigterm_sync=True,
+                   lightning_ddp_side_stream=ANY),
+              pick(runs, **two, gradient_as_bucket_view=False, lightning_sigterm_sync=False,
+                   lightning_ddp_side_stream=ANY))]
+    return table(["twin (256 images per GPU)", "Lightning / native img/s (runs, machines)"],
+                 [[label, ratio_of(twins, natives)] for label, twins, natives in cases])
 
 
 def sections(runs, comparisons):
-    """{name: function of a document (its path in the repository) giving its generated block}: report.py's, from
-    the runs and comparisons, and the scaling model's."""
-    def answer(build):
-        return lambda document: build(Evidence(runs, document))
-    return {"summary": answer(summary_answers), "performance": answer(performance_answers),
-            "one-gpu": answer(one_gpu_answers), "sharding": answer(sharding_answers),
-            "lightning-cost": answer(lightning_answers),
-            "results": lambda document: render_markdown(runs, (REPOSITORY / document).parent, "##", comparisons),
-            "comparisons": lambda document: comparisons_table(comparisons, (REPOSITORY / document).parent),
-            "noise": lambda document: noise_table(comparisons, (REPOSITORY / document).parent),
-            **scaling.SECTIONS}
+    """{name: function of a document (its path in the repository) giving its generated block}: report.py's and
+    the scaling model's (docs/scaling.md)."""
+    def folder(document):
+        return (REPOSITORY / document).parent
+    return {"summary": lambda document: f"```text\n{answer(runs, ['results'])}```",
+            "interleaved-1": lambda document: interleaved(1), "interleaved-2": lambda document: interleaved(2),
+            "performance": lambda document: performance_block(runs),
+            "sharding-answer": lambda document: sharding_block(runs),
+            "sharding": lambda document: launch_block(runs, folder(document)),
+            "lightning-cost": lambda document: lightning_block(runs),
+            "results": lambda document: render_markdown(runs, folder(document), "##", comparisons),
+            "noise": lambda document: noise_table(comparisons, folder(document)), **scaling.SECTIONS}
 
 
 # ---------------------------------------------------------------------------- regression check
@@ -1170,40 +1121,16 @@ def differences(current, reference):
     return found
 
 
-def fitted(starts, items, limit=MAX_LINE):
-    """The first of starts (longer to shorter) that can be followed by at least one of items, with as many items
-    (comma-separated) as fit within limit characters, then how many were left out."""
-    for start in starts:
-        for count in range(len(items), 0, -1):
-            left = len(items) - count
-            text = start + ", ".join(items[:count]) + (f" and {left} more" if left else "")
-            if len(text) <= limit:
-                return text
-    return (starts[-1] + f"{len(items)} fields")[:limit]
-
-
 INCOMPARABLE = "incomparable: no result in {where} has the configuration of {name}; the nearest differs in "
 UNCHECKED = ("report.py: warning: {name}: not checked, no reference in {where} with its configuration; the nearest "
              "differs in ")
 
 
 def mismatch_line(template, name, run, references, reference_path, limit=MAX_LINE):
-    """template with the paths as given, else with their file names only, then the fields in which the nearest
-    reference differs, as many as fit within limit characters."""
-    where = display_path(reference_path, pathlib.Path.cwd())
-    starts = [template.format(name=name, where=where),
-              template.format(name=pathlib.Path(name).name, where=pathlib.Path(where).name)]
-    return fitted(starts, nearest_difference(run["config"], references), limit)
-
-
-def nearest_difference(config, references):
-    """The differing fields of the reference configuration nearest to config (the fewest differences)."""
-    return min((differences(config, row["config"]) for row in references), key=lambda found: (len(found), found))
-
-
-def describe(config):
-    return (f"{config.benchmark} {config.strategy} on {devices_text(config)} × {config.device_name}, "
-            f"{config.batch_size_per_device} img/{unit_of(config)}, {config.image_size} px, {config.precision}")
+    """template with the file names, then the fields in which the nearest reference (the fewest) differs."""
+    nearest = min((differences(run["config"], row["config"]) for row in references), key=lambda found: (len(found), found))
+    start = template.format(name=pathlib.Path(name).name, where=pathlib.Path(reference_path).name)
+    return fit(start + ", ".join(nearest), limit)
 
 
 def check_run(run, reference, tolerance, name):
@@ -1215,7 +1142,7 @@ def check_run(run, reference, tolerance, name):
     if drop > tolerance:
         violations.append(f"{name}: throughput dropped {drop:.1%} ({format_rate(reference_rate)} -> "
                           f"{format_rate(current_rate)} img/s), more than {tolerance:.1%}: "
-                          f"{describe(run['config'])}{noisy}")
+                          f"{row_label(run['config'], {})}{noisy}")
     window = run["memory_window"]
     current_mib, reference_mib = run["peak_allocated_mib"], peak_mib(reference, window)
     if current_mib is not None and reference_mib:
@@ -1223,7 +1150,7 @@ def check_run(run, reference, tolerance, name):
         if rise > tolerance:
             violations.append(f"{name}: peak memory rose {rise:.1%} ({format_mib(reference_mib)} -> "
                               f"{format_mib(current_mib)} MiB, {window}), more than {tolerance:.1%}: "
-                              f"{describe(run['config'])}{noisy}")
+                              f"{row_label(run['config'], {})}{noisy}")
     elif current_mib is not None and reference["memory"]:
         notes.append(f"report.py: note: {name}: peak memory not compared: the memory windows differ (here: "
                      f"{window}; reference: {' and '.join(reference['memory'])})")
@@ -1277,7 +1204,8 @@ def check_verdict(violations, notes, checked, unmatched, tolerance, reference_pa
 def parse_arguments(argv=None):
     parser = OneLineArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
-    add("paths", nargs="*", metavar="PATH", help="result files or folders (searched recursively)")
+    add("paths", nargs="*", metavar="PATH", help="result files or folders, searched recursively (default: results/)")
+    add("--all", action="store_true", help="every table, as Markdown on stdout, instead of the one-screen answer")
     add("--markdown", metavar="OUT.md", help="write the Markdown report to this file (default: stdout)")
     add("--sharding", action="store_true", help="print only the sharding tables of oss_benchmark.py, one per launch")
     add("--plots", metavar="DIR", help="write PNG plots into this folder (needs matplotlib)")
@@ -1287,14 +1215,13 @@ def parse_arguments(argv=None):
     add("--check-docs", action="store_true", help="exit 1 when a generated block differs from what --docs writes")
     args = parser.parse_args(argv)
     if (args.docs or args.check_docs) and (args.paths or args.markdown or args.sharding or args.plots
-                                           or args.check_against):
+                                           or args.check_against or args.all):
         raise UsageError("--docs and --check-docs read results/ and take no other option")
-    if not args.paths and not (args.docs or args.check_docs):
-        raise UsageError("the following arguments are required: PATH")
+    args.paths = args.paths or [os.path.relpath(REPOSITORY / "results")]
     if args.tolerance is not None and not args.check_against:
         raise UsageError("--tolerance needs --check-against")
-    if args.sharding and args.markdown:
-        raise UsageError("--sharding prints to stdout: drop --markdown")
+    if sum(map(bool, (args.sharding, args.markdown, args.all))) > 1:
+        raise UsageError("--all, --sharding and --markdown each choose the output: give one")
     args.tolerance = parse_tolerance("5%" if args.tolerance is None else args.tolerance)
     return args
 
@@ -1302,13 +1229,8 @@ def parse_arguments(argv=None):
 def main_docs(check):
     """Regenerate (or check) every generated block of the documents, from the repository's folder."""
     runs, comparisons = load_documents([REPOSITORY / "results"])
-    here = os.getcwd()
-    os.chdir(REPOSITORY)  # the scaling model's sections name their files relative to it
-    try:
-        blocks = sections(runs, comparisons)
-        return check_documents(blocks) if check else update_documents(blocks)
-    finally:
-        os.chdir(here)
+    blocks = sections(runs, comparisons)
+    return check_documents(blocks, DOCUMENTS) if check else update_documents(blocks, DOCUMENTS)
 
 
 def write_markdown(runs, comparisons, out):
@@ -1339,9 +1261,11 @@ def main(argv=None):
         write_markdown(runs, comparisons, args.markdown)
     elif args.sharding:
         print(render_sharding(runs, pathlib.Path.cwd()), end="")
-    else:
+    elif args.all:
         print(render_markdown(runs, pathlib.Path.cwd(), heading="##", comparisons=comparisons), end="")
-        print(scaling.ceilings_text(args.paths), end="")  # each GPU count's ceiling where the sweep probed its link
+    else:
+        print(answer(runs, args.paths), end="")
+        print(scaling.ceilings_text(args.paths), end="")  # each GPU count's ceiling where a run probed its link
     if args.plots:
         print_plots(runs, args.plots)
     if checked is None:

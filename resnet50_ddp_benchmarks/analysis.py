@@ -12,6 +12,7 @@ import math
 import os
 import pathlib
 import re
+import statistics
 import sys
 import uuid
 
@@ -19,6 +20,7 @@ REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 SCHEMA_PATH = REPOSITORY / "schema" / "result.schema.json"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 SCHEMA_VERSION = 2  # the result files' format that the analysis tools read (schema/result.schema.json)
+MIN_PAIRS = 4  # compare.py: fewer pairs give no interval worth a verdict (t at 1-2 degrees of freedom)
 # The packages whose versions a result records: results that differ in one of them are not like for like.
 SOFTWARE = ("python", "torch", "cuda", "cudnn", "nccl", "torchvision", "lightning", "fairscale")
 # A list of plain values longer than this is validated through a sample (schema_sample).
@@ -93,6 +95,14 @@ def load_json(path, what="file"):
 
 def is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def half_width_percent(ratios, pairs):
+    """The half-width (per cent) of the 95 % interval of B/A after this many pairs at the spread of these pair
+    ratios: t(0.975, pairs - 1) x the standard deviation of their logs / sqrt(pairs); the smallest detectable."""
+    from scipy.stats import t
+    spread = statistics.stdev(math.log(ratio) for ratio in ratios)
+    return 100 * (math.exp(t.ppf(0.975, pairs - 1) * spread / math.sqrt(pairs)) - 1)
 
 
 def is_harness_cost(document):
@@ -314,9 +324,10 @@ def check_writable(path, flag="--output"):
 #     <!-- generated:NAME -->
 #     ...what the section NAME writes...
 #     <!-- /generated:NAME -->
-DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/results.md", "docs/scaling.md", "docs/sharding.md",
-             "lightning/README.md")
-GENERATED = re.compile(r"(?P<open><!-- generated:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)"
+# or inline, within a sentence: <!-- generated:NAME -->text<!-- /generated:NAME -->.
+DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/results.md", "docs/scaling.md",
+             "docs/sharding.md", "lightning/README.md")
+GENERATED = re.compile(r"(?P<open><!-- generated:(?P<name>[a-z0-9-]+) -->\n?)(?P<body>.*?)"
                        r"(?P<close><!-- /generated:(?P=name) -->)", re.DOTALL)
 
 
@@ -330,7 +341,7 @@ def regenerated(document, text, sections):
         name = match["name"]
         if name not in sections:
             raise UsageError(f"{document}: no generated section named {name!r} (known: {', '.join(sorted(sections))})")
-        body = sections[name](document).strip() + "\n"
+        body = sections[name](document).strip() + "\n" * match["open"].endswith("\n")  # a block, or inline
         if body != match["body"]:
             stale.append(name)
         return match["open"] + body + match["close"]

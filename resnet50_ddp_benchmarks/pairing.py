@@ -132,6 +132,7 @@ def make_run(path, result):
             "mfu": efficiency.get("mfu") if efficiency.get("peak_tflops_per_device") else None,
             "step_times_ms": [t for times in result.get("step_times_ms_per_rank") or [] for t in times],
             "launch_id": result["launch_id"], "devices": devices_of(result),
+            "dirty": bool((result.get("git") or {}).get("dirty")),
             **build_of(result),
             "analysis": result.get("analysis"), "machine": None}
 

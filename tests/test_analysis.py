@@ -51,14 +51,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys):
 
 def test_the_engine_rebuilds_only_its_blocks_and_refuses_unknown_names(tmp_path, capsys):
     text = ("intro\n<!-- generated:a -->\nold\n<!-- /generated:a -->\nprose\n"
-            "<!-- generated:b -->\nB\n<!-- /generated:b -->\nend\n")
+            "<!-- generated:b -->\nB\n<!-- /generated:b -->\nend <!-- generated:b -->B<!-- /generated:b --> inline\n")
     (tmp_path / "doc.md").write_text(text)
     sections = {"a": lambda document: f"A of {document}", "b": lambda document: "B"}
     assert analysis.check_documents(sections, ["doc.md"], tmp_path) == 1
     assert "doc.md (a)" in capsys.readouterr().err
     assert (tmp_path / "doc.md").read_text() == text  # a check writes nothing
     assert analysis.update_documents(sections, ["doc.md"], tmp_path) == 0
-    assert (tmp_path / "doc.md").read_text() == text.replace("\nold\n", "\nA of doc.md\n")
+    assert (tmp_path / "doc.md").read_text() == text.replace("\nold\n", "\nA of doc.md\n")  # inline stays inline
     assert analysis.check_documents(sections, ["doc.md"], tmp_path) == 0
     with pytest.raises(analysis.UsageError, match="doc.md: no generated section named 'a'"):
         analysis.check_documents({"b": sections["b"]}, ["doc.md"], tmp_path)

@@ -76,8 +76,8 @@ def test_constraints_pin_the_stack_of_the_committed_results():
 
 
 def test_every_generated_block_is_current(monkeypatch, capsys):
-    """The one check of the generated blocks (report.py's and scaling_model.py's): a figure edited by hand in any
-    document, or a result added without regenerating, fails here."""
+    """The check of report.py's generated blocks (scaling_model.py checks its own document's): a figure edited by
+    hand in any of them, or a result added without regenerating, fails here."""
     monkeypatch.chdir(ROOT)
     report = load_script(ROOT / "report.py", "report_for_docs")
     assert report.main(["--check-docs"]) == 0, capsys.readouterr().err
