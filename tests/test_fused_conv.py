@@ -27,6 +27,8 @@ def test_the_two_numbers_of_a_shape():
     activation = 256 * 64 * 56 * 56 * 2
     assert numbers["bytes_fused_fwd"] == 2 * activation + 64 * 64 * 9 * 2
     assert probe.two_numbers((64, 64, 3, 2, 56, 1), 256)["flops_fwd"] == numbers["flops_fwd"] // 4  # 28 x 28 out
+    strided = probe.two_numbers((256, 512, 1, 2, 56, 1), 256)  # a strided 1x1 reads only the pixels it samples
+    assert strided["bytes_fused_fwd"] == 256 * 256 * 28 * 28 * 2 + 512 * 256 * 2 + 256 * 512 * 28 * 28 * 2
 
 
 @pytest.mark.parametrize("argv,rule", [
@@ -62,3 +64,22 @@ def test_bad_input_is_one_line_and_exit_2_on_the_command_line(tmp_path):
     assert (proc.returncode, proc.stdout, proc.stderr.count("\n")) == (2, "", 1)
     assert proc.stderr.startswith("fused_probe.py: error: argument --shapes")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_the_readme_tables_are_what_the_committed_data_gives(precision, capsys):
+    """experiments/fused-conv/README.md's table rows and the lines of its patterns are --table's output of the
+    committed JSON (the fp16 table in full; of the bf16 one, the README quotes only its pattern lines' content)."""
+    probe = load_script(PROBE, "fused_probe_under_test")
+    data = PROBE.parent / "data" / f"fused-{precision}.json"
+    assert probe.main(["--table", str(data)]) == 0
+    printed = capsys.readouterr().out
+    readme = (PROBE.parent / "README.md").read_text()
+    if precision == "fp16":
+        rows = [line.replace("<!-- from: data/fused-fp16.json -->", "") for line in readme.splitlines()
+                if line.startswith("| ") and "×" in line]
+        assert len(rows) == 23 and all(row in printed for row in rows)
+    else:
+        assert "- forward: fused for 0 of 22 shapes" in printed and "- wgrad: fused for 0 of 22 shapes" in printed
+        assert "- dgrad_drelu__dbn: fused for 22 of 22 shapes" in printed
+        assert "| 17.92 |" in printed and "17.92 ms" in readme

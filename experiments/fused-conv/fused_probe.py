@@ -45,6 +45,10 @@ SHAPES = [(64, 64, 1, 1, 56, 1), (64, 64, 3, 1, 56, 3), (64, 256, 1, 1, 56, 4), 
           (256, 1024, 1, 1, 14, 6), (512, 1024, 1, 2, 28, 1), (1024, 256, 1, 1, 14, 5), (256, 256, 3, 1, 14, 5),
           (1024, 512, 1, 1, 14, 1), (512, 512, 3, 2, 14, 1), (512, 2048, 1, 1, 7, 3), (1024, 2048, 1, 2, 14, 1),
           (2048, 512, 1, 1, 7, 2), (512, 512, 3, 1, 7, 2)]
+# of those, the convolutions whose input is BN + ReLU of a convolution's output (each block's 3x3 and last 1x1), by
+# shape index: they can take the fused prologue; a block's first 1x1 and the downsampling ones read ReLU(BN(y) +
+# shortcut), which is written anyway as the next block's shortcut
+PROLOGUE = {1: 3, 2: 3, 5: 1, 6: 4, 9: 3, 11: 1, 12: 6, 15: 5, 17: 1, 18: 3, 21: 2}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 UNIT_ROUNDING = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 SLEEP_CYCLES = 150_000_000  # ~75 ms at 2 GHz: the host queues the timed iterations behind it
@@ -57,17 +61,19 @@ def out_size(shape):
 
 def two_numbers(shape, batch, element=2):
     """FLOPs of the three convolutions and the fewest bytes each way must move (each input read once, each output
-    written once): fused forward reads x and W, writes y (the sums are 2 x C floats); fused backward reads dy and x
-    twice (dgrad side and wgrad side), W once, writes dx and dW. Inductor's unfused forward reads x twice (statistics,
-    normalisation), writes and reads a, writes y; its backward reads dy twice and a (wgrad), writes and reads da,
-    reads x and a twice more (the reduction and the apply pass), writes dx."""
+    written once; a strided 1x1 convolution reads only the pixels it samples): fused forward reads x and W, writes y
+    (the sums are 2 x C floats); fused backward reads dy twice (dgrad, wgrad), x for ReLU's mask and dbn, x again
+    for wgrad, W, and writes dx and dW. Inductor's unfused forward, as this probe counts its passes, reads x twice
+    (statistics, normalisation), writes a and the convolution reads it back, writes y; its backward reads dy twice
+    and a (wgrad), writes da, reads da, x and a twice more (the reduction and the apply pass) and writes dx."""
     cin, cout, k, stride, size, _ = shape
     osize = out_size(shape)
     x, y, w = batch * cin * size * size * element, batch * cout * osize * osize * element, cout * cin * k * k * element
+    sampled = x if k > 1 else batch * cin * osize * osize * element
     flops = 2 * batch * osize * osize * cout * cin * k * k
-    return {"flops_fwd": flops, "flops_bwd": 2 * flops, "bytes_fused_fwd": x + w + y,
-            "bytes_fused_bwd": 2 * y + 2 * x + w + x + w, "bytes_unfused_fwd": 4 * x + w + y,
-            "bytes_unfused_bwd": 2 * y + w + x + w + 2 * x + 2 * (2 * x) + x}
+    return {"flops_fwd": flops, "flops_bwd": 2 * flops, "bytes_fused_fwd": sampled + w + y,
+            "bytes_fused_bwd": 2 * y + x + sampled + w + x + w, "bytes_unfused_fwd": 2 * x + x + sampled + w + y,
+            "bytes_unfused_bwd": 2 * y + sampled + w + x + w + 2 * (3 * x) + x}
 
 
 # ---- the unit in PyTorch: what Inductor compiles, and the float64 reference -------------------------------------
@@ -125,23 +131,25 @@ def check():
     scale + bias, ReLU's mask recomputed from x * S + B, BN's backward from the saved statistics, wgrad on the
     recomputed activation) is autograd's, for a 1x1, a 3x3 and a strided shape."""
     import torchvision
-    seen = {}
+    seen, prologue = {}, {}
 
-    def record(module, inputs, output):
+    def record(name, module, inputs, output):
         x = inputs[0]
         key = (module.in_channels, module.out_channels, module.kernel_size[0], module.stride[0], x.shape[-1])
         seen[key] = seen.get(key, 0) + 1
+        if name.endswith(("conv2", "conv3")):  # their input is BN + ReLU of the convolution before
+            prologue[key] = prologue.get(key, 0) + 1
 
     model = torchvision.models.resnet50().to("meta")
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Conv2d) and name != "conv1":
-            module.register_forward_hook(record)
+            module.register_forward_hook(functools.partial(record, name))
     with torch.no_grad():
         model(torch.empty(1, 3, 224, 224, device="meta"))
     table = {shape[:5]: shape[5] for shape in SHAPES}
-    if seen != table:
+    if seen != table or prologue != {SHAPES[index][:5]: count for index, count in PROLOGUE.items()}:
         differ = sorted(set(seen.items()) ^ set(table.items()))
-        raise SystemExit(f"check failed: the shape table is not ResNet-50's: {differ}")
+        raise SystemExit(f"check failed: the shape table is not ResNet-50's: {differ or 'PROLOGUE'}")
     torch.manual_seed(0)
     worst = 0.0
     for cin, cout, k, stride, size in ((6, 8, 1, 1, 5), (6, 4, 3, 1, 5), (6, 8, 3, 2, 7)):
@@ -434,7 +442,8 @@ def probe_shape(cudnn, handle, shape, batch, precision, args):
     if not fused and precision != "fp16":
         return result  # nothing fused in this precision: no baselines to compare against
     sb_of = lambda pattern: dtype if result["patterns"][pattern]["scale_bias"] != "FLOAT" else torch.float32  # noqa
-    call = lambda pattern, s: runner(cudnn, handle, *fused[pattern], bindings_of(*s, sb_of(pattern)))  # noqa: E731
+    call = lambda pattern, s: runner(cudnn, handle, fused[pattern][0], bindings_of(*s, sb_of(pattern)),  # noqa
+                                     fused[pattern][1])
 
     # numerics: fresh inputs, every output of every fused graph against float64
     tolerance = 8 * UNIT_ROUNDING[precision]
@@ -535,6 +544,61 @@ def totals(shapes):
     return out
 
 
+def table(path):
+    """The README's table from a probe's JSON: per shape, the floor of the two numbers at the measured ceilings,
+    the medians (ms) forward and backward, the way the fastest fused dgrad ran, the float64 check; then the totals
+    over the 52 convolutions."""
+    import json
+    result = json.loads(pathlib.Path(path).read_text())
+    bandwidth, rate = result["ceilings"]["copy_GBps"] * 1e6, result["ceilings"]["matmul_fp16_TFLOPs"] * 1e9
+    ms = lambda one, key: f"{one['times'][key]['median_ms']:.3f}" if key in one["times"] else "refused"  # noqa
+    print(f"{result['gpu']}, {result['precision']}, batch {result['batch']}, torch {result['torch']}, cuDNN "
+          f"{result['cudnn_backend']}, frontend {result['cudnn_frontend']}; ceilings: copy "
+          f"{result['ceilings']['copy_GBps']:.0f} GB/s, fp16 product {result['ceilings']['matmul_fp16_TFLOPs']:.0f} "
+          f"TFLOP/s\n")
+    print("| shape (in→out, kernel/stride @ size) ×count | floor fwd / bwd | fwd fused | compiled | same ops | bare "
+          "| bwd fused | of it: dgrad+drelu, dbn | wgrad | compiled | bare | float64 check (worst) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    floors = [0.0, 0.0]
+    for one in result["shapes"]:
+        shape, numbers = one["shape"], two_numbers(SHAPES[one["index"]], result["batch"])
+        floor = [max(numbers[f"flops_{way}"] / rate, numbers[f"bytes_fused_{way}"] / bandwidth)
+                 for way in ("fwd", "bwd")]
+        floors = [total + shape["count"] * part for total, part in zip(floors, floor)]
+        worst = max((value["relative_error"] for value in one["check"].values()), default=float("nan"))
+        passed = all(value["pass"] for value in one["check"].values()) and bool(one["check"])
+        print(f"| {shape['in']}→{shape['out']}, {shape['kernel']}×{shape['kernel']}/{shape['stride']} @ "
+              f"{shape['size']} ×{shape['count']} | {floor[0]:.3f} / {floor[1]:.3f} | {ms(one, 'fused_fwd')} | "
+              f"{ms(one, 'compiled_fwd')} | {ms(one, 'compiled_same_fwd')} | {ms(one, 'bare_fwd')} | "
+              f"{ms(one, 'fused_bwd')} | {ms(one, 'dgrad_drelu__dbn')} | {ms(one, 'wgrad')} | "
+              f"{ms(one, 'compiled_bwd')} | {ms(one, 'bare_bwd')} | {'pass' if passed else 'FAIL'} ({worst:.1e}) |")
+    t = {key: value["ms"] for key, value in result["totals"].items()}
+    total = lambda key: f"{t[key]:.2f}" if result["totals"][key]["shapes"] == len(result["shapes"]) else "–"  # noqa
+    print(f"| **52 convolutions** | {floors[0]:.2f} / {floors[1]:.2f} | **{total('fused_fwd')}** | "
+          f"{total('compiled_fwd')} | {total('compiled_same_fwd')} | {total('bare_fwd')} | **{total('fused_bwd')}** | "
+          f"{total('dgrad_drelu__dbn')} | {total('wgrad')} | {total('compiled_bwd')} | {total('bare_bwd')} | |")
+    print()
+    if all(key in one["times"] for one in result["shapes"] for key in ("fused_fwd", "fused_bwd")):
+        saved = lambda counts, way: sum(counts.get(one["index"], 0) * (  # noqa: E731
+            one["times"][f"compiled_{way}"]["median_ms"] - one["times"][f"fused_{way}"]["median_ms"])
+            for one in result["shapes"])
+        every = {one["index"]: one["shape"]["count"] for one in result["shapes"]}
+        print(f"- fused forward + backward {t['fused_fwd'] + t['fused_bwd']:.2f} ms against compiled "
+              f"{t['compiled_fwd'] + t['compiled_bwd']:.2f} ms: {saved(every, 'fwd') + saved(every, 'bwd'):.2f} ms "
+              f"less over the 52; over the {sum(PROLOGUE.values())} that can take the prologue "
+              f"{saved(PROLOGUE, 'fwd'):.2f} ms forward, {saved(PROLOGUE, 'bwd'):.2f} ms backward, "
+              f"{saved(PROLOGUE, 'fwd') + saved(PROLOGUE, 'bwd'):.2f} ms in all")
+    for pattern in ("forward", *DGRAD_VARIANTS, "wgrad"):
+        records = [one["patterns"][pattern] for one in result["shapes"]]
+        fused = [record for record in records if record["fused"]]
+        kinds = sorted({record["scale_bias"] for record in fused})
+        reasons = sorted({reason.split(":")[1].strip() + (" (kernel compilation)" if "compilation" in reason else "")
+                          for record in records for reason in record.get("refused", [])})
+        print(f"- {pattern}: fused for {len(fused)} of {len(records)} shapes"
+              + (f" (scale and bias in {', '.join(kinds)})" if kinds else "")
+              + (f"; refused: {'; '.join(reasons)}" if reasons else ""))
+
+
 def parse_shapes(text):
     if text == "all":
         return list(range(len(SHAPES)))
@@ -558,7 +622,11 @@ def main(argv=None):
     parser.add_argument("--rotate", type=common.positive_int, default=3)
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--json")
+    parser.add_argument("--table", metavar="JSON", help="print the README's table of a probe's JSON and stop")
     args = parser.parse_args(argv)
+    if args.table:
+        table(args.table)
+        return 0
     if common.ran_cpu_check(args, check, "cuDNN's fused convolution graphs"):
         return 0
     try:
