@@ -596,6 +596,13 @@ def table(path):
               f"less over the 52; over the {sum(PROLOGUE.values())} that can take the prologue "
               f"{saved(PROLOGUE, 'fwd'):.2f} ms forward, {saved(PROLOGUE, 'bwd'):.2f} ms backward, "
               f"{saved(PROLOGUE, 'fwd') + saved(PROLOGUE, 'bwd'):.2f} ms in all")
+    for pattern in DGRAD_VARIANTS[2:]:
+        have = [one for one in result["shapes"] if pattern in one["times"] and "dgrad_drelu__dbn" in one["times"]]
+        if have:
+            weighted = lambda key: sum(one["shape"]["count"] * one["times"][key]["median_ms"] for one in have)  # noqa
+            print(f"- {pattern} over the {len(have)} shapes it ran ({sum(one['shape']['count'] for one in have)} "
+                  f"convolutions): {weighted(pattern):.2f} ms, dgrad_drelu__dbn over the same "
+                  f"{weighted('dgrad_drelu__dbn'):.2f} ms")
     for pattern in ("forward", *DGRAD_VARIANTS, "wgrad"):
         records = [one["patterns"][pattern] for one in result["shapes"]]
         fused = [record for record in records if record["fused"]]
