@@ -484,14 +484,6 @@ def probe_shape(cudnn, handle, shape, batch, precision, args):
     times = result["times"]
     for pattern in fused:
         times[pattern] = gpu_times([call(pattern, s) for s in sets], args.iterations, args.warmup)
-        made, after = fused[pattern]
-        if len(made) > 1 or after is not None:  # each cuDNN graph of the pattern on its own
-            bound = [bindings_of(*s, sb_of(pattern)) for s in sets]
-            for one_set in bound:
-                runner(cudnn, handle, made, one_set, after)()  # the intermediates a later graph reads
-            for part, graph in enumerate(made):
-                times[f"{pattern}[{part}]"] = gpu_times([runner(cudnn, handle, [graph], one_set)
-                                                        for one_set in bound], args.iterations, args.warmup)
     if "forward" in fused:
         times["fused_fwd"] = times["forward"]
     dgrads = [p for p in DGRAD_VARIANTS if p in fused]
