@@ -556,28 +556,36 @@ def table(path):
           f"{result['cudnn_backend']}, frontend {result['cudnn_frontend']}; ceilings: copy "
           f"{result['ceilings']['copy_GBps']:.0f} GB/s, fp16 product {result['ceilings']['matmul_fp16_TFLOPs']:.0f} "
           f"TFLOP/s\n")
-    print("| shape (in→out, kernel/stride @ size) ×count | floor fwd / bwd | fwd fused | compiled | same ops | bare "
+    print("| shape (in→out, kernel/stride @ size) ×count | GFLOP fwd, fused MB fwd / bwd | floor fwd / bwd "
+          "| fwd fused | compiled | same ops | bare "
           "| bwd fused | of it: dgrad+drelu, dbn | wgrad | compiled | bare | float64 check (worst) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    floors = [0.0, 0.0]
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    floors, sums = [0.0, 0.0], dict.fromkeys(("flops_fwd", "bytes_fused_fwd", "bytes_fused_bwd", "bytes_unfused_fwd",
+                                                "bytes_unfused_bwd"), 0)
     for one in result["shapes"]:
         shape, numbers = one["shape"], two_numbers(SHAPES[one["index"]], result["batch"])
         floor = [max(numbers[f"flops_{way}"] / rate, numbers[f"bytes_fused_{way}"] / bandwidth)
                  for way in ("fwd", "bwd")]
         floors = [total + shape["count"] * part for total, part in zip(floors, floor)]
+        for key in sums:
+            sums[key] += shape["count"] * numbers[key]
         worst = max((value["relative_error"] for value in one["check"].values()), default=float("nan"))
         passed = all(value["pass"] for value in one["check"].values()) and bool(one["check"])
         print(f"| {shape['in']}→{shape['out']}, {shape['kernel']}×{shape['kernel']}/{shape['stride']} @ "
-              f"{shape['size']} ×{shape['count']} | {floor[0]:.3f} / {floor[1]:.3f} | {ms(one, 'fused_fwd')} | "
+              f"{shape['size']} ×{shape['count']} | {numbers['flops_fwd'] / 1e9:.1f}, "
+              f"{numbers['bytes_fused_fwd'] / 1e6:.0f} / {numbers['bytes_fused_bwd'] / 1e6:.0f} | "
+              f"{floor[0]:.3f} / {floor[1]:.3f} | {ms(one, 'fused_fwd')} | "
               f"{ms(one, 'compiled_fwd')} | {ms(one, 'compiled_same_fwd')} | {ms(one, 'bare_fwd')} | "
               f"{ms(one, 'fused_bwd')} | {ms(one, 'dgrad_drelu__dbn')} | {ms(one, 'wgrad')} | "
               f"{ms(one, 'compiled_bwd')} | {ms(one, 'bare_bwd')} | {'pass' if passed else 'FAIL'} ({worst:.1e}) |")
     t = {key: value["ms"] for key, value in result["totals"].items()}
     total = lambda key: f"{t[key]:.2f}" if result["totals"][key]["shapes"] == len(result["shapes"]) else "–"  # noqa
-    print(f"| **52 convolutions** | {floors[0]:.2f} / {floors[1]:.2f} | **{total('fused_fwd')}** | "
+    print(f"| **52 convolutions** | {sums['flops_fwd'] / 1e9:.0f}, {sums['bytes_fused_fwd'] / 1e6:.0f} / "
+          f"{sums['bytes_fused_bwd'] / 1e6:.0f} | {floors[0]:.2f} / {floors[1]:.2f} | **{total('fused_fwd')}** | "
           f"{total('compiled_fwd')} | {total('compiled_same_fwd')} | {total('bare_fwd')} | **{total('fused_bwd')}** | "
           f"{total('dgrad_drelu__dbn')} | {total('wgrad')} | {total('compiled_bwd')} | {total('bare_bwd')} | |")
-    print()
+    print(f"\n- the unfused passes, as two_numbers counts them, move {sums['bytes_unfused_fwd'] / 1e6:.0f} MB forward "
+          f"and {sums['bytes_unfused_bwd'] / 1e6:.0f} MB backward")
     if all(key in one["times"] for one in result["shapes"] for key in ("fused_fwd", "fused_bwd")):
         saved = lambda counts, way: sum(counts.get(one["index"], 0) * (  # noqa: E731
             one["times"][f"compiled_{way}"]["median_ms"] - one["times"][f"fused_{way}"]["median_ms"])
