@@ -7,8 +7,9 @@ unit: a = ReLU(BN(x)) = ReLU(x * S + B) with S = gamma / sqrt(var + eps), B = be
     fused forward   one cuDNN graph: scale + bias + ReLU -> convolution -> per-channel sum and sum of squares of y
                     (genstats: the next batch norm's statistics, so that no pass over y is needed for them)
     fused backward  the data gradient with ReLU's mask and the batch-norm backward (dgrad + drelu + dbn: dx,
-                    dgamma, dbeta), and the weight gradient with scale + bias + ReLU on its input (wgrad), in as
-                    few cuDNN graphs as cuDNN offers an engine for (the patterns it refuses are recorded)
+                    dgamma, dbeta) in each of the splits of DGRAD_VARIANTS that cuDNN offers an engine for (the
+                    fastest one counts), and the weight gradient with scale + bias + ReLU on its input (wgrad); the
+                    patterns cuDNN refuses are recorded with its reason
     compiled        torch.compile of the unfused ops: BN (training) -> ReLU -> conv2d, forward, and its backward
                     (autograd.grad); "compiled same ops": scale + bias + ReLU -> conv2d -> sums, forward
     bare            F.conv2d, and aten.convolution_backward (dgrad + wgrad) on the activation
@@ -20,6 +21,7 @@ the fused graphs (the statistics and all gradients too) is checked against PyTor
 inputs: relative error ||out - ref|| / ||ref||, passing under 8 units of rounding of the precision.
 
     python experiments/fused-conv/fused_probe.py --precision fp16 --json FILE [--shapes 0,3,7] [--batch 256]
+    python experiments/fused-conv/fused_probe.py --table FILE   # the README's tables of a probe's JSON
     python experiments/fused-conv/fused_probe.py --check   # CPU: the shapes and the unit's algebra, no cuDNN
 
 Needs the package nvidia-cudnn-frontend (import cudnn) and a CUDA GPU; --check needs neither.
