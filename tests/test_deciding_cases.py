@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from conftest import OSS, ROOT, load_script, resolve_config
-from resnet50_ddp_benchmarks import claims
+from resnet50_ddp_benchmarks import pairing
+from resnet50_ddp_benchmarks.analysis import SOFTWARE
 
 FIXTURE_RESULT = ROOT / "tests" / "fixtures" / "results" / "native-strong-1proc.json"
 
@@ -180,7 +181,7 @@ def test_cpu_rounds_on_two_machines_that_share_a_hostname_are_refused(compare, a
                                firsts)  # the same CPU: one machine
 
 
-# ------------------------------------------------------------------------------------------------------ claims.py
+# ------------------------------------------------------------------------------------------------------ the pairing rule (report.py's ratios)
 
 @pytest.mark.parametrize("b,a,same", [
     ({"GPU-1", "GPU-2"}, {"GPU-1", "GPU-2"}, True),  # the same GPUs
@@ -191,4 +192,8 @@ def test_cpu_rounds_on_two_machines_that_share_a_hostname_are_refused(compare, a
     (set(), set(), False),  # nothing known
 ])
 def test_same_gpus_means_every_gpu_of_a_is_among_bs(b, a, same):
-    assert claims.same_devices({"devices": frozenset(b)}, {"devices": frozenset(a)}) is same
+    """A ratio of B over A is like for like only where A's GPUs are B's (scaling: among B's), with one build."""
+    def run(devices):
+        return {"devices": frozenset(devices), "commit": "c" * 40, "software": dict.fromkeys(SOFTWARE, "1")}
+    assert (pairing.unlike(run(b), run(a), scaling=True) is None) is same
+    assert (pairing.unlike(run(b), run(a)) is None) is (same and b == a)

@@ -30,8 +30,8 @@ import gzip
 import pathlib
 import sys
 
-from resnet50_ddp_benchmarks.analysis import OneLineArgumentParser, UsageError, read_result_file, run_cli
-                      write_json_atomically)
+from resnet50_ddp_benchmarks.analysis import (OneLineArgumentParser, UsageError, read_result_file, run_cli,
+    write_json_atomically)
 
 SW_POWER_CAP = 0x4
 COLUMNS = {"timestamp": "timestamp", "index": "index", "uuid": "uuid", "clocks.current.sm [MHz]": "sm_mhz",
