@@ -55,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -1124,16 +1125,34 @@ class Run:
 
     def join_ranks(self):
         """The process group (unless a framework or an earlier Run made it), --timeout bounding its every wait, and
-        a gloo group for the host-side barrier and gathers."""
+        a gloo group for the host-side barrier and gathers. The meeting itself ends within --timeout (meet_within)."""
+        meeting = getattr(self, "meeting", None) or self.meet_within()
         if self.world_size > 1 and not dist.is_initialized():
-            os.environ.setdefault("MASTER_ADDR", self.launch["master_addr"])
-            os.environ.setdefault("MASTER_PORT", str(self.launch["master_port"]))
-            dist.init_process_group(self.config["backend"], rank=self.rank, world_size=self.world_size,
-                                    timeout=self.timeout, device_id=self.device if self.device.type == "cuda" else None)
+            # torch's store (torchrun's agent may host it), whose waits outlast the deadline: no C++ stack comes first
+            served = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            store = dist.TCPStore(self.launch["master_addr"], self.launch["master_port"], self.world_size,
+                                  self.rank == 0 and not served, 2 * self.timeout, multi_tenant=True)
+            dist.init_process_group(self.config["backend"], store=dist.PrefixStore("default_pg", store),
+                                    rank=self.rank, world_size=self.world_size, timeout=self.timeout,
+                                    device_id=self.device if self.device.type == "cuda" else None)
         if self.world_size > 1:
             self.monitor = dist.new_group(backend="gloo", timeout=self.timeout)
+        meeting.cancel()
         if self.rank == 0:
             print_banner(self.config, self.launch)
+
+    def meet_within(self):
+        """A deadline of --timeout on meeting the others, which join_ranks() cancels: past it, one line and exit 1.
+        torch waits for ever on a master's port that accepts and never answers, and retries a dead one past it."""
+        def give_up():
+            where = f"{self.launch['master_addr']}:{self.launch['master_port']}"
+            print(f"{self.config['benchmark']}: error on rank {self.rank}: the ranks did not meet at {where} within "
+                  f"--timeout {self.config['timeout_s']} s", file=sys.stderr, flush=True)
+            os._exit(EXIT_CODES["error"])
+        self.meeting = threading.Timer(self.timeout.total_seconds(), give_up)
+        self.meeting.daemon = True
+        self.meeting.start()
+        return self.meeting
 
     def before_step(self, index):
         """Peak memory from the second step (the first autotunes and compiles); a synchronised timed start."""
