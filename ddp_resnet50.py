@@ -220,7 +220,10 @@ def parse_arguments_with_extras(parser, argv, **defaults):
 
 
 def import_extras():
-    """The repository's package: installed (pip install -e .), or beside a script run from a clone."""
+    """The repository's package: installed (pip install -e .), else in the clone of this file's real path (a link
+    to it may run from anywhere): beside it, or a folder up for the twin."""
+    here = os.path.dirname(os.path.realpath(__file__))
+    sys.path += [folder for folder in (here, os.path.dirname(here)) if folder not in sys.path]
     with contextlib.suppress(ModuleNotFoundError):
         return importlib.import_module("resnet50_ddp_benchmarks.benchmark_extras")
     raise UsageError("this option needs the repository's package (pip install -e . in a clone)")
