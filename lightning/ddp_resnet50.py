@@ -278,7 +278,11 @@ def plan_launch(args, env):
     if min(args.devices, args.num_nodes) < 1:
         raise UsageError("--devices and --num-nodes must be positive")
     launch = detect_launch(env)
-    if launch["launcher"] in ("slurm", "torchrun"):  # Lightning checks their layout against --devices, --num-nodes
+    if launch["launcher"] in ("slurm", "torchrun"):
+        if (launch["local_world_size"], launch["num_nodes"]) != (args.devices, args.num_nodes):
+            raise UsageError(f"{launch['launcher']} started {launch['local_world_size']} processes per node on "
+                             f"{launch['num_nodes']} node(s): give --devices {launch['local_world_size']} "
+                             f"--num-nodes {launch['num_nodes']}")
         env.setdefault("MASTER_PORT", str(launch["master_port"]))  # Lightning then uses the port the result records
         return launch
     if launch["launcher"] == "env":

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import NATIVE, SMALL, clean_env, expect_usage_error, pretend_gpus, run_script
+from conftest import LIGHTNING, NATIVE, SMALL, clean_env, expect_usage_error, load_script, pretend_gpus, run_script
 
 TWO_RANKS = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
@@ -114,3 +114,21 @@ def test_unwritable_output_directory(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "cannot be written" in lines[0], proc.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]
+
+
+@pytest.fixture(scope="module")
+def twin():
+    return load_script(LIGHTNING, "lightning_twin_bad_input")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_the_twins_devices_must_match_its_launchers_layout(twin, launcher, tmp_path, monkeypatch, capsys):
+    """torchrun --nproc-per-node 2 or srun's 2 tasks with --devices 1: one line, exit 2, before Lightning starts
+    (which would end each rank with its own error, exit 1)."""
+    env = {**TWO_RANKS, "TORCHELASTIC_RUN_ID": "x"} if launcher == "torchrun" else SRUN
+    for name in list(TWO_RANKS) + list(SRUN) + ["TORCHELASTIC_RUN_ID", "NODE_RANK", "SLURM_JOB_NAME"]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    expect_usage_error(twin, [*SMALL, "--devices", "1"], "--devices 2 --num-nodes 1", tmp_path / "r.json",
+                       monkeypatch, capsys)
