@@ -257,6 +257,11 @@ def main(argv=None):
         return module.exit_code
     except SIGTERMException:  # Lightning stops after the step in which SIGTERM came: its exit code, not 0
         return 128 + signal.SIGTERM
+    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C: Lightning kills its other processes, then exits 1
+        if not isinstance(stop, KeyboardInterrupt) and not isinstance(stop.__context__, KeyboardInterrupt):
+            raise
+        print(f"{SCRIPT}: interrupted (SIGINT) on rank {run.rank}\n", end="", file=sys.stderr, flush=True)  # 1 write
+        return 128 + signal.SIGINT
     except Exception as error:  # noqa: BLE001 - one rank out of memory: its "oom" result; else raised again
         return run.out_of_memory(error)
     finally:
