@@ -1130,17 +1130,21 @@ class Run:
         """The process group (unless a framework or an earlier Run made it), --timeout bounding its every wait, and
         a gloo group for the host-side barrier and gathers. The meeting itself ends within --timeout (meet_within)."""
         meeting = getattr(self, "meeting", None) or self.meet_within()
-        if self.world_size > 1 and not dist.is_initialized():
-            # torch's store (torchrun's agent may host it), whose waits outlast the deadline: no C++ stack comes first
-            served = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-            store = dist.TCPStore(self.launch["master_addr"], self.launch["master_port"], self.world_size,
-                                  self.rank == 0 and not served, 2 * self.timeout, multi_tenant=True)
-            dist.init_process_group(self.config["backend"], store=dist.PrefixStore("default_pg", store),
-                                    rank=self.rank, world_size=self.world_size, timeout=self.timeout,
-                                    device_id=self.device if self.device.type == "cuda" else None)
-        if self.world_size > 1:
-            self.monitor = dist.new_group(backend="gloo", timeout=self.timeout)
-        meeting.cancel()
+        # env://'s store (torchrun's agent may host it), but its waits outlast the deadline: no C++ stack first
+        served, launch = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True", self.launch
+        with contextlib.suppress(RuntimeError):  # registered once a process
+            dist.register_rendezvous_handler(f"bench{LAUNCH_ID}", lambda url, timeout, **_: iter([(dist.TCPStore(
+                launch["master_addr"], launch["master_port"], launch["world_size"], launch["rank"] == 0 and not
+                served, 2 * timeout, multi_tenant=True), launch["rank"], launch["world_size"])]))
+        try:
+            if self.world_size > 1 and not dist.is_initialized():
+                dist.init_process_group(self.config["backend"], f"bench{LAUNCH_ID}://", rank=self.rank,
+                                        world_size=self.world_size, timeout=self.timeout,
+                                        device_id=self.device if self.device.type == "cuda" else None)
+            if self.world_size > 1:
+                self.monitor = dist.new_group(backend="gloo", timeout=self.timeout)
+        finally:
+            meeting.cancel()
         if self.rank == 0:
             print_banner(self.config, self.launch)
 
