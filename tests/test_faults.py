@@ -190,10 +190,10 @@ def test_the_twins_child_ends_within_the_timeout_when_its_master_died(tmp_path):
 @pytest.mark.parametrize("signalled", ["sigterm-rank0", "sigterm-child", "ctrl-c"])
 def test_the_twin_under_its_own_launcher_answers_a_signal_as_the_readme_says(tmp_path, signalled):
     """Stock Lightning, measured: SIGTERM to rank 0 reaches its child too, both stop after the step: 143, no line
-    from rank 0 (the child may end first in its collective: its one line).
-    SIGTERM to the child stops it after its step (143), or its handler's broadcast aborts it in gloo; rank 0's next
-    collective then fails (gloo: at once; NCCL: after --timeout): 1, rank 0's one line. Ctrl-C (SIGINT to the launcher's process group): Lightning kills its child,
-    then the twin says so in one line: 130. Nothing is written."""
+    from rank 0 (the child may end first in its collective: its one line). SIGTERM to the child stops it after its
+    step (143), or its handler's broadcast aborts it in gloo; rank 0's next collective then fails (gloo: at once;
+    NCCL: after --timeout): 1, rank 0's one line. Ctrl-C (SIGINT to the launcher's process group): Lightning kills
+    its child, then the twin says so in one line: 130. Nothing is written."""
     output = tmp_path / "r.json"
     rank0 = subprocess.Popen([sys.executable, str(LIGHTNING), *LONG, "--devices", "2", "--timeout", "20", "--output",
                               str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
@@ -202,8 +202,10 @@ def test_the_twin_under_its_own_launcher_answers_a_signal_as_the_readme_says(tmp
         pass
     child = next(int(pid) for pid in pathlib.Path(f"/proc/{rank0.pid}/task/{rank0.pid}/children").read_text().split()
                  if b"LOCAL_RANK=1" in pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
-    {"sigterm-rank0": lambda: os.kill(rank0.pid, signal.SIGTERM), "sigterm-child": lambda: os.kill(child, signal.SIGTERM),
-     "ctrl-c": lambda: os.killpg(rank0.pid, signal.SIGINT)}[signalled]()
+    if signalled == "ctrl-c":
+        os.killpg(rank0.pid, signal.SIGINT)
+    else:
+        os.kill(rank0.pid if signalled == "sigterm-rank0" else child, signal.SIGTERM)
     signalled_at = time.monotonic()
     try:
         ((code, _, err),) = finish([rank0], limit_s=20 + GRACE_S)
