@@ -41,6 +41,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -226,7 +227,10 @@ def parse_arguments_with_extras(parser, argv, lr=0.1, package=True):
 
 
 def import_extras(option="this option"):
-    """The repository's package: installed (pip install -e .), or beside a script run from a clone."""
+    """The repository's package: installed (pip install -e .), else in the clone of this file's real path (a link
+    to it may run from anywhere): beside it, or a folder up for the twin."""
+    here = os.path.dirname(os.path.realpath(__file__))
+    sys.path += [folder for folder in (here, os.path.dirname(here)) if folder not in sys.path]
     with contextlib.suppress(ModuleNotFoundError):
         return importlib.import_module("resnet50_ddp_benchmarks.benchmark_extras")
     raise UsageError(f"{option} needs the repository's package (pip install -e . in a clone)")
@@ -551,16 +555,38 @@ class Run:
 
     def join_ranks(self):
         """The process group (unless a framework or an earlier Run made it), --timeout bounding its every wait, and
-        a gloo group for the host-side barrier and gathers."""
-        if self.world_size > 1 and not dist.is_initialized():
-            os.environ.setdefault("MASTER_ADDR", self.launch["master_addr"])
-            os.environ.setdefault("MASTER_PORT", str(self.launch["master_port"]))
-            dist.init_process_group(self.config["backend"], rank=self.rank, world_size=self.world_size,
-                                    timeout=self.timeout, device_id=self.device if self.device.type == "cuda" else None)
-        if self.world_size > 1:
-            self.monitor = dist.new_group(backend="gloo", timeout=self.timeout)
+        a gloo group for the host-side barrier and gathers. The meeting itself ends within --timeout (meet_within)."""
+        meeting = getattr(self, "meeting", None) or self.meet_within()
+        # env://'s store (torchrun's agent may host it), but its waits outlast the deadline: no C++ stack first
+        served, launch = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True", self.launch
+        with contextlib.suppress(RuntimeError):  # registered once a process
+            dist.register_rendezvous_handler(f"bench{LAUNCH_ID}", lambda url, timeout, **_: iter([(dist.TCPStore(
+                launch["master_addr"], launch["master_port"], launch["world_size"], launch["rank"] == 0 and not
+                served, 2 * timeout, multi_tenant=True), launch["rank"], launch["world_size"])]))
+        try:
+            if self.world_size > 1 and not dist.is_initialized():
+                dist.init_process_group(self.config["backend"], f"bench{LAUNCH_ID}://", rank=self.rank,
+                                        world_size=self.world_size, timeout=self.timeout,
+                                        device_id=self.device if self.device.type == "cuda" else None)
+            if self.world_size > 1:
+                self.monitor = dist.new_group(backend="gloo", timeout=self.timeout)
+        finally:
+            meeting.cancel()
         if self.rank == 0:
             print_banner(self.config, self.launch)
+
+    def meet_within(self):
+        """A deadline of --timeout on meeting the others, which join_ranks() cancels: past it, one line and exit 1.
+        torch waits for ever on a master's port that accepts and never answers, and retries a dead one past it."""
+        def give_up():
+            where = f"{self.launch['master_addr']}:{self.launch['master_port']}"
+            print(f"{self.config['benchmark']}: error on rank {self.rank}: the ranks did not meet at {where} within "
+                  f"--timeout {self.config['timeout_s']} s", file=sys.stderr, flush=True)
+            os._exit(EXIT_CODES["error"])
+        self.meeting = threading.Timer(self.timeout.total_seconds(), give_up)
+        self.meeting.daemon = True
+        self.meeting.start()
+        return self.meeting
 
     def before_step(self, index):
         """Peak memory from the second step (the first autotunes and compiles); a synchronised timed start."""

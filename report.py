@@ -42,7 +42,8 @@ import textwrap
 from collections import defaultdict
 
 from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, MIN_PAIRS, REPOSITORY, OneLineArgumentParser,
-    UsageError, check_documents, half_width_percent, is_number, run_cli, update_documents, write_atomically)
+    UsageError, check_documents, check_writable, half_width_percent, is_number, run_cli, update_documents,
+    write_atomically)
 from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, LIGHTNING, NATIVE, NOT_OPTIONS, OSS, RUN_FIELDS, Config,
     aggregate, applies, common_window, launches, lightning_pairs, load_documents, load_runs, option_labels,
     options_agree, order, paired_ratios, peak_mib, rate, row_of, rows_by_setup, scaling_figures, scaling_label,
@@ -661,6 +662,7 @@ def print_plots(runs, directory):
                       f"({'no GPU memory counters' if kind == 'memory' else 'no comparable runs'})", file=sys.stderr)
                 continue
             path = pathlib.Path(directory) / f"{kind}-{slug(title)}.png"
+            check_writable(path, "--plots")  # not over an input
             try:
                 figure.savefig(path, dpi=120, bbox_inches="tight", metadata={"Software": None})
             except OSError as error:

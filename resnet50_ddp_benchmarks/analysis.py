@@ -6,12 +6,14 @@ No benchmark script imports this module: they stay self-contained.
 """
 import argparse
 import contextlib
+import errno
 import functools
 import json
 import math
 import os
 import pathlib
 import re
+import stat
 import statistics
 import sys
 import uuid
@@ -25,6 +27,8 @@ MIN_PAIRS = 4  # compare.py: fewer pairs give no interval worth a verdict (t at 
 SOFTWARE = ("python", "torch", "cuda", "cudnn", "nccl", "torchvision", "lightning", "fairscale")
 # A list of plain values longer than this is validated through a sample (schema_sample).
 SAMPLED_LIST_LENGTH = 16
+RESULT_LIMIT = 64 * 2**20  # bytes: a result or a document is a few MiB at most (a link to /dev/zero is endless)
+READ = set()  # the real paths of the files this process was asked to read: write_atomically() replaces none
 
 
 # ---------------------------------------------------------------------------- one-line errors
@@ -69,10 +73,24 @@ def find_result_files(paths):
     return files
 
 
+def open_regular(path, limit=None, record=True):
+    """A binary stream of path if it is a regular file (of at most limit bytes), else OSError: a device, a FIFO or a
+    link to one would be read for ever or until memory runs out. record: path joins READ."""
+    if record:
+        READ.add(os.path.realpath(path))
+    stream = open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")  # a FIFO opens without waiting for a writer
+    status = os.fstat(stream.fileno())
+    if not stat.S_ISREG(status.st_mode) or status.st_size > (limit or math.inf):
+        stream.close()
+        raise OSError(errno.EINVAL, f"not a regular file{f' of at most {limit >> 20} MiB' if limit else ''}", path)
+    return stream
+
+
 def read_json(path):
     """(document, None) or (None, why it cannot be read, in a few words)."""
     try:
-        text = pathlib.Path(path).read_text(encoding="utf-8")
+        with open_regular(path, RESULT_LIMIT) as stream:
+            text = stream.read().decode("utf-8")
     except FileNotFoundError:
         return None, "no such file"
     except (OSError, UnicodeDecodeError) as error:
@@ -278,6 +296,8 @@ def write_atomically(path, text, overwrite=True):
     which refuses a path that exists, even one that another run wrote meanwhile (UsageError). A full disk or a kill
     leaves the old file whole."""
     path = pathlib.Path(path)
+    if os.path.realpath(path) in READ:
+        raise UsageError(f"{path} is a file this run reads: not written over")
     temporary = temporary_path(path)
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
     try:
@@ -310,6 +330,8 @@ def temporary_path(path):
 def check_writable(path, flag="--output"):
     """UsageError unless write_atomically could create its temporary file for path now: a folder that refuses it
     (its permissions, a read-only disk, a name too long) is found before the work, not after it."""
+    if os.path.realpath(path) in READ:
+        raise UsageError(f"{flag} {path} is a file this run reads: not written over")
     probe = temporary_path(pathlib.Path(path))
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -355,7 +377,8 @@ def regenerate_documents(sections, documents=DOCUMENTS, root=REPOSITORY):
     for document in documents:
         path = pathlib.Path(root) / document
         try:
-            text = path.read_text(encoding="utf-8")
+            with open_regular(path, RESULT_LIMIT, record=False) as stream:  # a section then writes it
+                text = stream.read().decode("utf-8")
         except (OSError, UnicodeDecodeError) as error:
             raise UsageError(f"{path}: cannot be read ({getattr(error, 'strerror', None) or error})") from None
         found |= {match["name"] for match in GENERATED.finditer(text)}

@@ -1,8 +1,14 @@
 """Bad input: one line naming the broken rule, exit code 2, no traceback, nothing written."""
+import re
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
-from conftest import NATIVE, SMALL, clean_env, expect_usage_error, pretend_gpus, run_script
+from conftest import (LIGHTNING, NATIVE, ROOT, SMALL, clean_env, expect_usage_error, load_script, pretend_gpus,
+                      run_script)
 
 TWO_RANKS = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
@@ -105,3 +111,38 @@ def test_cuda_without_a_gpu_for_real(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "--device cuda needs a CUDA GPU" in lines[0], proc.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.fixture(scope="module")
+def twin():
+    return load_script(LIGHTNING, "lightning_twin_bad_input")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_the_twins_devices_must_match_its_launchers_layout(twin, launcher, tmp_path, monkeypatch, capsys):
+    """torchrun --nproc-per-node 2 or srun's 2 tasks with --devices 1: one line, exit 2, before Lightning starts
+    (which would end each rank with its own error, exit 1)."""
+    env = {**TWO_RANKS, "TORCHELASTIC_RUN_ID": "x"} if launcher == "torchrun" else SRUN
+    for name in list(TWO_RANKS) + list(SRUN) + ["TORCHELASTIC_RUN_ID", "NODE_RANK", "SLURM_JOB_NAME"]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    expect_usage_error(twin, [*SMALL, "--devices", "1"], "--devices 2 --num-nodes 1", tmp_path / "r.json",
+                       monkeypatch, capsys)
+
+
+def test_bad_input_on_one_rank_ends_the_torchrun_job_with_1_and_that_ranks_line(tmp_path):
+    """Rank 1 alone gets a learning rate it refuses (exit 2): torchrun's agent ends rank 0, which waits at the
+    meeting, at once (not after --timeout) and exits 1; its summary names rank 1 with exit code 2, and the log has
+    that rank's one line. Nothing is written."""
+    output = tmp_path / "r.json"
+    rank_command = (f"exec {sys.executable} {NATIVE} {' '.join(SMALL)} --output {output} "
+                    '$([ "$RANK" = 1 ] && echo --lr -1)')
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "--no-python", "bash", "-c", rank_command], capture_output=True, text=True,
+                          env=clean_env(), cwd=ROOT, timeout=240)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("ddp_resnet50.py: error: ")]
+    assert proc.returncode == 1 and len(lines) == 1 and time.monotonic() - started < 120, proc.stderr[-3000:]
+    assert re.search(r"rank\s*: 1 \(local_rank: 1\)\s+exitcode\s*: 2\b", proc.stderr), proc.stderr[-3000:]
+    assert not output.exists()

@@ -6,13 +6,16 @@ import os
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from conftest import LIGHTNING, NATIVE, ROOT, SMALL, clean_env, finish, launch_by_hand, read_result, run_script
+from conftest import (LIGHTNING, NATIVE, ROOT, SMALL, clean_env, finish, free_port, launch_by_hand, read_result,
+                      run_script)
 
 LONG = [*SMALL, "--steps", "400"]
 GRACE_S = 30  # torchrun's agent: SIGTERM to the other workers when one fails, SIGKILL this much later
@@ -101,3 +104,120 @@ def test_a_one_rank_run_out_of_memory_writes_its_oom_result_with_exit_code_4(tmp
     assert "allocate" in failure["message"] and failure["batch_size_per_device"] == 4
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "oom: " in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------------------- the meeting: bounded by --timeout
+MEET_S = 4  # --timeout of the meeting tests
+STARTUP_S = 40  # two torch imports on a loaded two-core machine
+
+
+def silent_listener():
+    """A port that accepts connections and never answers, as a stale process holding the master's port does."""
+    server, held = socket.create_server(("127.0.0.1", 0)), []
+
+    def accept():
+        with contextlib.suppress(OSError):  # closed
+            while True:
+                held.append(server.accept()[0])
+    threading.Thread(target=accept, daemon=True).start()
+    return server
+
+
+def env_rank(rank, world, port, output, timeout=MEET_S):
+    env = clean_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return subprocess.Popen([sys.executable, str(NATIVE), *SMALL, "--timeout", str(timeout), "--output", str(output)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("master", ["silent", "absent"])
+def test_a_rank_whose_master_never_answers_ends_within_the_timeout_in_one_line(tmp_path, master):
+    """Rank 1 alone, env-launched: a port that accepts and never answers (torch waits for ever), or nothing there
+    (torch gives up at --timeout with a C++ stack, then tries again)."""
+    with contextlib.closing(silent_listener()) if master == "silent" else contextlib.nullcontext() as server:
+        port = server.getsockname()[1] if server else free_port()
+        started = time.monotonic()
+        ((code, _, err),) = finish([env_rank(1, 2, port, tmp_path / "r.json")], limit_s=MEET_S + STARTUP_S)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert time.monotonic() - started < MEET_S + STARTUP_S, err[-2000:]
+    assert code == 1 and len(lines) == 1 and "error on rank 1" in lines[0], (code, err[-3000:])
+    assert not list(tmp_path.iterdir())
+
+
+def test_ranks_that_disagree_on_the_world_size_end_within_the_timeout(tmp_path):
+    """WORLD_SIZE 2 and 3: each rank ends within --timeout after its start-up (they took five times as long). A rank
+    whose master ended first ends at once, with torch's own report before its one line."""
+    port, timeout = free_port(), 15
+    started = time.monotonic()
+    ranks = [env_rank(0, 2, port, tmp_path / "r.json", timeout), env_rank(1, 3, port, tmp_path / "r.json", timeout)]
+    outputs = finish(ranks, limit_s=120)
+    assert time.monotonic() - started < timeout + STARTUP_S, [err[-2000:] for _, _, err in outputs]
+    for code, _, err in outputs:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 1 and "Traceback" not in err and "error on rank" in lines[-1], (code, err[-3000:])
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_twins_child_ends_within_the_timeout_when_its_master_died(tmp_path):
+    """Lightning's launcher (rank 0) killed once it started its child: the orphan, which Lightning's observer died
+    with, reaches no master and ends by itself within --timeout, in one line."""
+    log = tmp_path / "log"
+    with open(log, "w") as stream:
+        rank0 = subprocess.Popen([sys.executable, str(LIGHTNING), *SMALL, "--devices", "2", "--timeout", str(MEET_S),
+                                  "--output", str(tmp_path / "r.json")], env=clean_env(), stdout=stream,
+                                 stderr=subprocess.STDOUT, cwd=ROOT)
+    child, started = None, time.monotonic()
+    while child is None and rank0.poll() is None and time.monotonic() - started < 120:
+        for pid in pathlib.Path(f"/proc/{rank0.pid}/task/{rank0.pid}/children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"LOCAL_RANK=1" in pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    child = int(pid)
+        time.sleep(0.01)
+    rank0.kill()
+    rank0.wait()
+    assert child, log.read_text()[-2000:]
+    killed = time.monotonic()
+    while time.monotonic() - killed < MEET_S + STARTUP_S and b"State:\tZ" not in (
+            pathlib.Path(f"/proc/{child}/status").read_bytes() if os.path.exists(f"/proc/{child}") else b"State:\tZ"):
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signal.SIGKILL)
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert time.monotonic() - killed < MEET_S + STARTUP_S, lines[-20:]
+    assert len(lines) == 1 and "error on rank 1" in lines[0], lines[-20:]
+
+
+# ---------------------------------------------------------------------------- the twin's own launcher and signals
+@pytest.mark.parametrize("signalled", ["sigterm-rank0", "sigterm-child", "ctrl-c"])
+def test_the_twin_under_its_own_launcher_answers_a_signal_as_the_readme_says(tmp_path, signalled):
+    """Stock Lightning, measured: SIGTERM to rank 0 reaches its child too, both stop after the step: 143, no line
+    from rank 0 (the child may end first in its collective: its one line). SIGTERM to the child stops it after its
+    step (143), or its handler's broadcast aborts it in gloo; rank 0's next collective then fails (gloo: at once;
+    NCCL: after --timeout): 1, rank 0's one line. Ctrl-C (SIGINT to the launcher's process group): Lightning kills
+    its child, then the twin says so in one line: 130. Nothing is written."""
+    output = tmp_path / "r.json"
+    rank0 = subprocess.Popen([sys.executable, str(LIGHTNING), *LONG, "--devices", "2", "--timeout", "20", "--output",
+                              str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                             cwd=ROOT, start_new_session=True)
+    while (line := rank0.stdout.readline()) and "measuring step 1/" not in line:
+        pass
+    child = next(int(pid) for pid in pathlib.Path(f"/proc/{rank0.pid}/task/{rank0.pid}/children").read_text().split()
+                 if b"LOCAL_RANK=1" in pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+    if signalled == "ctrl-c":
+        os.killpg(rank0.pid, signal.SIGINT)
+    else:
+        os.kill(rank0.pid if signalled == "sigterm-rank0" else child, signal.SIGTERM)
+    signalled_at = time.monotonic()
+    try:
+        ((code, _, err),) = finish([rank0], limit_s=20 + GRACE_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(rank0.pid, signal.SIGKILL)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == {"sigterm-rank0": 143, "sigterm-child": 1, "ctrl-c": 130}[signalled], err[-3000:]
+    assert time.monotonic() - signalled_at < 20 + GRACE_S, err[-3000:]
+    if signalled == "sigterm-child":  # the child's handler may abort it in gloo, with its own dump: stock
+        assert re.search(r"^lightning/ddp_resnet50\.py: error on rank 0: ", err, flags=re.MULTILINE), err[-3000:]
+    else:  # at most one line a rank (the child's, where it ended first)
+        assert "Traceback" not in err and (signalled == "sigterm-rank0" or lines) and len(lines) <= 2, err[-3000:]
+    assert not output.exists()

@@ -27,11 +27,12 @@ import argparse
 import csv
 import datetime
 import gzip
+import io
 import pathlib
 import sys
 
-from resnet50_ddp_benchmarks.analysis import (OneLineArgumentParser, UsageError, read_result_file, run_cli,
-    write_json_atomically)
+from resnet50_ddp_benchmarks.analysis import (OneLineArgumentParser, UsageError, open_regular, read_result_file,
+    run_cli, write_json_atomically)
 
 SW_POWER_CAP = 0x4
 COLUMNS = {"timestamp": "timestamp", "index": "index", "uuid": "uuid", "clocks.current.sm [MHz]": "sm_mhz",
@@ -60,9 +61,9 @@ def number(text):
 def read_samples(path):
     """The log's samples: dicts with time (naive UTC datetime), index, sm_mhz, power_w, limit_w,
     temperature_c, capped. Lines that are not samples (a repeated header, an error) are skipped."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", newline="") as handle:
-        rows = list(csv.reader(handle, skipinitialspace=True))
+    with open_regular(path) as stream:  # a regular file: a link to /dev/zero is endless
+        text = io.TextIOWrapper(gzip.GzipFile(fileobj=stream) if str(path).endswith(".gz") else stream, newline="")
+        rows = list(csv.reader(text, skipinitialspace=True))
     if not rows or rows[0][0] != "timestamp":
         raise ValueError(f"{path}: not an nvidia-smi --format=csv log (no header line)")
     names = [COLUMNS.get(name.strip()) for name in rows[0]]
