@@ -191,10 +191,10 @@ def test_the_twins_child_ends_within_the_timeout_when_its_master_died(tmp_path):
 @pytest.mark.parametrize("signalled", ["sigterm-rank0", "sigterm-child", "ctrl-c"])
 def test_the_twin_under_its_own_launcher_answers_a_signal_as_the_readme_says(tmp_path, signalled):
     """Stock Lightning, measured: SIGTERM to rank 0 reaches its child too, both stop after the step: 143, no line
-    from rank 0 (the child may end first in its collective: its one line). SIGTERM to the child stops it after its
+    from rank 0; or the child ends first and rank 0's collective fails: 1. SIGTERM to the child stops it after its
     step (143), or its handler's broadcast aborts it in gloo; rank 0's next collective then fails (gloo: at once or
-    after --timeout; NCCL: after --timeout): 1, with each rank's traceback. Ctrl-C (SIGINT to the launcher's process group): Lightning kills
-    its child, then the twin says so in one line: 130. Nothing is written."""
+    after --timeout; NCCL: after --timeout): 1, with each rank's traceback. Ctrl-C (SIGINT to the launcher's process
+    group): Lightning kills its child, then the twin says so in one line: 130. Nothing is written."""
     output = tmp_path / "r.json"
     rank0 = subprocess.Popen([sys.executable, str(LIGHTNING), *LONG, "--devices", "2", "--timeout", "20", "--output",
                               str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
@@ -214,8 +214,9 @@ def test_the_twin_under_its_own_launcher_answers_a_signal_as_the_readme_says(tmp
         with contextlib.suppress(ProcessLookupError):
             os.killpg(rank0.pid, signal.SIGKILL)
     lines = [line for line in err.splitlines() if line.strip()]
-    assert code == {"sigterm-rank0": 143, "sigterm-child": 1, "ctrl-c": 130}[signalled], err[-3000:]
+    # SIGTERM to rank 0: Lightning forwards it, and the child may end first, failing rank 0's collective (1)
+    assert code in {"sigterm-rank0": (143, 1), "sigterm-child": (1,), "ctrl-c": (130,)}[signalled], err[-3000:]
     assert time.monotonic() - signalled_at < 20 + GRACE_S, err[-3000:]
-    if signalled != "sigterm-child":  # the child's: its handler's broadcast fails, a traceback from each rank: stock
+    if code != 1:  # stopped after the step: no traceback, at most one line a rank (the child's, where it ended first)
         assert "Traceback" not in err and (signalled == "sigterm-rank0" or lines) and len(lines) <= 2, err[-3000:]
     assert not output.exists()
