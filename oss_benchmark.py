@@ -1122,6 +1122,10 @@ class Run:
                                         device_id=self.device if self.device.type == "cuda" else None)
             if self.world_size > 1:
                 self.monitor = dist.new_group(backend="gloo", timeout=self.timeout)
+        except RuntimeError as error:  # torch's own report said why (a master that ended): then one line, as above
+            print(f"{self.config['benchmark']}: error on rank {self.rank}: the ranks did not meet: "
+                  f"{str(error).splitlines()[0][:200]}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_CODES["error"])
         finally:
             meeting.cancel()
         if self.rank == 0:

@@ -193,8 +193,8 @@ def test_the_twin_under_its_own_launcher_answers_a_signal_as_the_readme_says(tmp
     """Stock Lightning, measured: SIGTERM to rank 0 reaches its child too, both stop after the step: 143, no line
     from rank 0; or the child ends first and rank 0's collective fails: 1. SIGTERM to the child stops it after its
     step (143), or its handler's broadcast aborts it in gloo; rank 0's next collective then fails (gloo: at once or
-    after --timeout; NCCL: after --timeout): 1, with each rank's traceback. Ctrl-C (SIGINT to the launcher's process
-    group): Lightning kills its child, then the twin says so in one line: 130. Nothing is written."""
+    after --timeout; NCCL: after --timeout): 1, with each rank's traceback. Ctrl-C (SIGINT to the launcher, rank 0):
+    Lightning kills its child, then the twin says so in one line: 130. Nothing is written."""
     output = tmp_path / "r.json"
     rank0 = subprocess.Popen([sys.executable, str(LIGHTNING), *LONG, "--devices", "2", "--timeout", "20", "--output",
                               str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
@@ -203,8 +203,8 @@ def test_the_twin_under_its_own_launcher_answers_a_signal_as_the_readme_says(tmp
         pass
     child = next(int(pid) for pid in pathlib.Path(f"/proc/{rank0.pid}/task/{rank0.pid}/children").read_text().split()
                  if b"LOCAL_RANK=1" in pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
-    if signalled == "ctrl-c":
-        os.killpg(rank0.pid, signal.SIGINT)
+    if signalled == "ctrl-c":  # to the launcher, rank 0 (a terminal's Ctrl-C reaches its child too)
+        os.kill(rank0.pid, signal.SIGINT)
     else:
         os.kill(rank0.pid if signalled == "sigterm-rank0" else child, signal.SIGTERM)
     signalled_at = time.monotonic()
