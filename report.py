@@ -778,8 +778,6 @@ def finished(plt, figure, axis, title):
 
 WIDTH, SCREEN = 120, 50  # the default view's line length and line count at most
 # The documents whose generated blocks are report.py's (scaling_model.py regenerates and checks its own document).
-DOCUMENTS = ("README.md", "docs/noise.md", "docs/performance.md", "docs/results.md", "docs/scaling.md",
-             "docs/sharding.md", "lightning/README.md")
 COMMANDS = {  # what measures a question that the results cannot answer
     "speed": "python ddp_resnet50.py --output r.json",
     "weak": "slurm/scaling_sweep.sh weak (or torchrun --nproc-per-node N)",
@@ -1232,7 +1230,7 @@ def main_docs(check):
     """Regenerate (or check) every generated block of the documents, from the repository's folder."""
     runs, comparisons = load_documents([REPOSITORY / "results"])
     blocks = sections(runs, comparisons)
-    return check_documents(blocks, DOCUMENTS) if check else update_documents(blocks, DOCUMENTS)
+    return check_documents(blocks) if check else update_documents(blocks)  # the package's DOCUMENTS
 
 
 def write_markdown(runs, comparisons, out):
