@@ -717,7 +717,8 @@ EXTRA_DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "broad
 # The fastest mode's capture, tuning and computation options, the DDP communication hooks and the collective probe:
 # the repository's package (resnet50_ddp_benchmarks/benchmark_extras.py) adds them to ddp_resnet50.py and its twin.
 PACKAGE_OPTIONS = ("--cuda-graphs", "--loss-scale", "--compile-mode", "--coordinate-descent-tuning", "--comm-hook",
-                   "--space-to-depth-stem", "--dense-max-pool-backward", "--sums-batch-norm", "--collective-probe")
+                   "--space-to-depth-stem", "--dense-max-pool-backward", "--sums-batch-norm", "--fused-batch-norm",
+                   "--collective-probe")
 RESULT_FIGURES = ("throughput", "stability", "step_time_ms", "step_times_ms_per_rank", "loss_per_step", "memory",
                   "checks", "efficiency", "failure", "hardware", "host_lead_ms", "host_lead_ms_per_rank", "wall_time_s")
 

@@ -8,7 +8,8 @@ framework.
 - the fastest mode's capture: the whole step captured in one CUDA graph (GraphedStep) and the fixed fp16 loss scale
   that fits a graph (FixedLossScaler); its tuning: torch.compile's mode and Inductor's coordinate-descent tuning;
 - the computation options: the same ResNet-50 computed another way (space-to-depth stem, a dense max-pool
-  backward, batch-norm statistics from sums), meant for compiled steps;
+  backward, batch-norm statistics from sums), meant for compiled steps, and the batch norms fused into the
+  convolutions with cuDNN's graphs (fused_batch_norm.py, which needs nvidia-cudnn-frontend and a GPU);
 - PyTorch's DDP compression hooks, and the collective probe (collective_probe.py) after the timed steps.
 """
 import math
@@ -57,6 +58,11 @@ def add_arguments(parser, defaults):
     computation.add_argument("--sums-batch-norm", action="store_true",
                              help="each training batch norm's statistics from one pass of per-channel sums of x and "
                                   "x*x (shifted by the running mean) instead of Welford's update")
+    computation.add_argument("--fused-batch-norm", action="store_true",
+                             help="each bottleneck's bn1 and bn2 (+ ReLU) fused into the convolution after it, and "
+                                  "its statistics into the convolution before it, forward and backward, with cuDNN's "
+                                  "graph API (needs nvidia-cudnn-frontend and a GPU; a layer whose graph cuDNN refuses "
+                                  "runs in PyTorch, and the result records which ran fused)")
 
 
 def resolve_options(args, config, world_size, UsageError):
@@ -65,6 +71,12 @@ def resolve_options(args, config, world_size, UsageError):
     for option, (key, value) in COMPUTATION_OPTIONS.items():
         config[key] = value if config.pop(option, False) else "torchvision"
     cuda, fp16 = config["device"] == "cuda", config["precision"] == "fp16"
+    if config.pop("fused_batch_norm", False):
+        from resnet50_ddp_benchmarks import fused_batch_norm
+        missing = fused_batch_norm.available() or (not cuda and "--fused-batch-norm needs --device cuda")
+        if config["batch_norm"] != "torchvision" or missing:
+            raise UsageError(missing or "--fused-batch-norm and --sums-batch-norm both replace the batch norms")
+        config["batch_norm"] = "fused"
     if config["collective_probe"] and world_size < 2:
         raise UsageError("--collective-probe needs several ranks: it times the collectives between them")
     loss_scale = args.loss_scale
@@ -330,4 +342,7 @@ def apply_computation_options(model, config):
         model.maxpool = DenseMaxPool()
     if config["batch_norm"] == "sums":
         replace_batch_norms(model)
+    if config["batch_norm"] == "fused":  # which layers ran fused, recorded in the result as the run finds them
+        from resnet50_ddp_benchmarks import fused_batch_norm
+        config["fused_layers"] = fused_batch_norm.fuse_batch_norms(model)
     return model

@@ -33,6 +33,7 @@ NOT_MEASURED = [
     (r"\d+–\d+ GPUs", "a span of GPU counts, a setting"),
     (r"torchrun's: 30 s", "a launcher's default grace period, a setting"),
     (r"\d+×\d+", "a kernel or block size"),
+    (r"7,162 img/s|7,950", "MLPerf's published per-GPU ResNet-50 figures (DGX H100 v4.0, 8 × H200)"),
 ]
 
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.DOTALL | re.MULTILINE)

@@ -126,10 +126,11 @@ def test_a_captured_graph_is_freed_before_the_process_group_is_destroyed(native,
 @pytest.mark.parametrize("size", [32, 33])
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_the_computation_options_compute_the_same_model(native, extras, size, layout):
-    """--space-to-depth-stem, --dense-max-pool-backward and --sums-batch-norm change how the model is computed, not
-    the model: the same parameters and buffers under the same names, and in float64 the same output, the same
-    gradient of every parameter and the same running statistics as torchvision's ResNet-50 (to rounding, which
-    batch norm over 4 images magnifies to ~1e-10)."""
+    """--space-to-depth-stem, --dense-max-pool-backward, --sums-batch-norm and --fused-batch-norm (in PyTorch's
+    operators, as every layer runs on the CPU) change how the model is computed, not the model: the same parameters
+    and buffers under the same names, and in float64 the same output, the same gradient of every parameter and the
+    same running statistics as torchvision's ResNet-50 (to rounding, which batch norm over 4 images magnifies to
+    ~1e-10)."""
     import copy
 
     import torch
@@ -147,7 +148,8 @@ def test_the_computation_options_compute_the_same_model(native, extras, size, la
     for stem_conv, max_pool_backward, batch_norm in (("space_to_depth", "torchvision", "torchvision"),
                                                      ("torchvision", "dense", "torchvision"),
                                                      ("torchvision", "torchvision", "sums"),
-                                                     ("space_to_depth", "dense", "sums")):
+                                                     ("space_to_depth", "dense", "sums"),
+                                                     ("torchvision", "torchvision", "fused")):
         config = {"stem_conv": stem_conv, "max_pool_backward": max_pool_backward, "batch_norm": batch_norm}
         baseline = copy.deepcopy(reference)
         model = extras.apply_computation_options(copy.deepcopy(reference), config)
