@@ -45,7 +45,7 @@ def available():
     try:
         import cudnn  # noqa: F401
     except ImportError:
-        return "--fused-batch-norm needs the package nvidia-cudnn-frontend (pip install nvidia-cudnn-frontend)"
+        return "--fused-batch-norm needs the package nvidia-cudnn-frontend (pip install '.[fused]')"
     if not torch.cuda.is_available():
         return "--fused-batch-norm needs a CUDA GPU: cuDNN's fused graphs run there"
     return None
