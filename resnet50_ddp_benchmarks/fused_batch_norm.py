@@ -8,7 +8,7 @@ y's batch statistics.
     forward   one graph: scale + bias + ReLU -> convolution -> its output and the output's per-channel sum and sum
               of squares (genstats: the next batch norm's statistics, with no pass of their own)
     backward  dgrad -> ReLU's backward, the mask recomputed from y * S + B (one graph, writing dr); the batch norm's
-              backward from dr (one graph: dy, dgamma, dbeta); scale + bias + ReLU -> wgrad (one graph)
+              backward from dr (one graph: dx, dgamma, dbeta); scale + bias + ReLU -> wgrad (one graph)
 
 bn1's statistics come from one reduction of y1 in PyTorch; bn3, the shortcut's add and ReLU, the downsampling branch
 and the stem are torchvision's. Each unit is a PyTorch custom operator (a fake implementation gives torch.compile its
@@ -34,8 +34,8 @@ REFUSALS = {}  # pattern -> cuDNN's first reason for refusing it, per scale/bias
 
 @atexit.register
 def release():
-    """The graphs and handles freed before the interpreter ends (left to its teardown, nanobind lists them as
-    leaked)."""
+    """The graphs and handles freed before the interpreter's teardown, where nanobind reports the cuDNN objects still
+    alive as leaked."""
     GRAPHS.clear()
     HANDLES.clear()
 
@@ -86,6 +86,12 @@ def handle(device):
     return HANDLES[device.index]
 
 
+def nhwc(dim):
+    """The strides of a channels_last (N, C, H, W) tensor."""
+    n, c, h, w = dim
+    return [c * h * w, 1, w * c, c]
+
+
 def make_graph(cudnn, pattern, io, sb, xdim, wdim, ydim, stride, padding, device):
     """One pattern's graph, not yet built, and its tensors by name."""
     FLOAT = cudnn.data_type.FLOAT
@@ -94,13 +100,11 @@ def make_graph(cudnn, pattern, io, sb, xdim, wdim, ydim, stride, padding, device
     conv = dict(padding=[padding] * 2, stride=[stride] * 2, dilation=[1, 1])
 
     def tensor(name, dim, dtype=io):
-        n, c, h, w = dim
-        t[name] = graph.tensor(name=name, dim=list(dim), stride=[c * h * w, 1, w * c, c], data_type=dtype)
+        t[name] = graph.tensor(name=name, dim=list(dim), stride=nhwc(dim), data_type=dtype)
         return t[name]
 
     def output(name, value, dim, dtype=io):
-        n, c, h, w = dim
-        value.set_output(True).set_data_type(dtype).set_dim(list(dim)).set_stride([c * h * w, 1, w * c, c])
+        value.set_output(True).set_data_type(dtype).set_dim(list(dim)).set_stride(nhwc(dim))
         t[name] = value
 
     def activation():  # y * S + B (ReLU follows, or its backward)
@@ -118,8 +122,7 @@ def make_graph(cudnn, pattern, io, sb, xdim, wdim, ydim, stride, padding, device
         output("sqsum", squares, [1, ydim[1], 1, 1], FLOAT)
     elif pattern == "dgrad_drelu":
         da = graph.conv_dgrad(name="dgrad", loss=tensor("dy", ydim), filter=tensor("w", wdim), **conv)
-        da.set_dim(list(xdim)).set_stride([xdim[1] * xdim[2] * xdim[3], 1, xdim[3] * xdim[1], xdim[1]])
-        da.set_data_type(FLOAT)
+        da.set_dim(list(xdim)).set_stride(nhwc(xdim)).set_data_type(FLOAT)
         output("dr", graph.relu_backward(name="drelu", loss=da, input=activation()), xdim)
     elif pattern == "dbn":
         per_channel = [1, xdim[1], 1, 1]
