@@ -23,7 +23,7 @@ TABLE = ["--batch-size-per-device", "--global-batch-size", "--warmup-steps", "--
          "--timeout"]
 OWN = {NATIVE: [], LIGHTNING: ["--lightning-matched", "--devices"], OSS: ["--strategy", "--optimizer"]}
 PACKAGE = ["--cuda-graphs", "--loss-scale", "--compile-mode", "--coordinate-descent-tuning", "--space-to-depth-stem",
-           "--dense-max-pool-backward", "--sums-batch-norm", "--comm-hook", "--collective-probe"]
+           "--dense-max-pool-backward", "--sums-batch-norm", "--fused-batch-norm", "--comm-hook", "--collective-probe"]
 
 
 @pytest.fixture(scope="module")
