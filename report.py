@@ -61,7 +61,6 @@ NO_PEAK = "—"  # MFU where there is no peak to divide by (the CPU, a GPU witho
 MAX_LINE = 200  # a check line's length at most
 
 
-
 # ---------------------------------------------------------------------------- Markdown
 
 def ratio_text(value):
@@ -777,7 +776,6 @@ def finished(plt, figure, axis, title):
 # ---------------------------------------------------------------------------- the one-screen answer
 
 WIDTH, SCREEN = 120, 50  # the default view's line length and line count at most
-# The documents whose generated blocks are report.py's (scaling_model.py regenerates and checks its own document).
 COMMANDS = {  # what measures a question that the results cannot answer
     "speed": "python ddp_resnet50.py --output r.json",
     "weak": "slurm/scaling_sweep.sh weak (or torchrun --nproc-per-node N)",
