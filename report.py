@@ -63,10 +63,6 @@ MAX_LINE = 200  # a check line's length at most
 
 # ---------------------------------------------------------------------------- Markdown
 
-def ratio_text(value):
-    return f"{value:.3f}"
-
-
 def percent_text(value):
     return f"{value * 100:.1f}"
 
@@ -280,7 +276,7 @@ def both(a, b):
     return {"noisy": a["noisy"] or b["noisy"], "dirty": a["dirty"] or b["dirty"]}
 
 
-def ratio_of(numerators, denominators, text=ratio_text):
+def ratio_of(numerators, denominators):
     """B / A under the pairing rules: the range over B's like-for-like runs with their counts, else the medians'
     ratio labelled (never a headline)."""
     if not numerators or not denominators:
@@ -288,9 +284,9 @@ def ratio_of(numerators, denominators, text=ratio_text):
     paired = paired_ratios(numerators, denominators)
     if not paired.values:
         median = statistics.median(map(rate, numerators)) / statistics.median(map(rate, denominators))
-        return f"{text(median)}, {paired.label}"
+        return f"{median:.3f}, {paired.label}"
     ends = [both(run, next(base for base in denominators if unlike(run, base) is None)) for run in paired.runs]
-    return f"{span(paired.values, ends, text)} ({counts(paired.runs, len(numerators) - len(paired.runs))})"
+    return f"{span(paired.values, ends, '{:.3f}'.format)} ({counts(paired.runs, len(numerators) - len(paired.runs))})"
 
 
 def scaling_of(runs, base_runs):
