@@ -45,7 +45,7 @@ from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, MIN_PAIRS, R
     UsageError, check_documents, check_writable, half_width_percent, is_number, run_cli, update_documents,
     write_atomically)
 from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, LIGHTNING, NATIVE, NOT_OPTIONS, OSS, RUN_FIELDS, Config,
-    aggregate, applies, common_window, launches, lightning_pairs, load_documents, load_runs, option_labels,
+    aggregate, applies, common_window, launches, lightning_pairs, load_documents, option_labels,
     options_agree, order, paired_ratios, peak_mib, rate, row_of, rows_by_setup, scaling_figures, scaling_label,
     scaling_series, script_defaults, setup_of, strategy_rank, unlike)
 from resnet50_ddp_benchmarks import scaling
@@ -1245,7 +1245,7 @@ def main(argv=None):
         raise UsageError(f"no result files in {', '.join(args.paths)}")
     checked = None
     if args.check_against:  # an unusable reference ends the run before anything is written
-        reference_runs = load_runs([args.check_against], what="reference")
+        reference_runs = load_documents([args.check_against], what="reference")[0]
         if not reference_runs:
             raise UsageError(f"--check-against {args.check_against}: no result files")
         checked = check_against(runs, reference_runs, args.tolerance, args.check_against)

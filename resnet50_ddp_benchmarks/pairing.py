@@ -177,15 +177,11 @@ def assign_machines(runs):
     return runs
 
 
-def load_documents(paths, what="input", program="report.py"):
+def load_documents(paths, what="input"):
     """(runs, comparisons): every readable result under paths as a run, and every compare.py comparison."""
-    results, comparisons = read_inputs(paths, program, what)
+    results, comparisons = read_inputs(paths, "report.py", what)
     runs = [make_run(path, result) for path, result in results]
     return assign_machines(name_unknown_gpus(runs)), comparisons
-
-
-def load_runs(paths, what="input"):
-    return load_documents(paths, what)[0]
 
 
 # ---------------------------------------------------------------------------- pairing rules
