@@ -46,7 +46,7 @@ from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, MIN_PAIRS, R
     write_atomically)
 from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, LIGHTNING, NATIVE, NOT_OPTIONS, OSS, RUN_FIELDS, Config,
     aggregate, applies, common_window, launches, lightning_pairs, load_documents, option_labels,
-    options_agree, order, paired_ratios, peak_mib, rate, row_of, rows_by_setup, scaling_figures, scaling_label,
+    options_agree, order, paired_ratios, peak_mib, rate, row_of, rows_by_setup, scaling_base, scaling_label,
     scaling_series, script_defaults, setup_of, strategy_rank, unlike)
 from resnet50_ddp_benchmarks import scaling
 
@@ -294,7 +294,8 @@ def scaling_of(runs, base_runs):
     if not runs or not base_runs:
         return "not measured"
     base_count = min(run["config"].world_size for run in base_runs)
-    paired = [(run, figures[1]) for run in runs for figures in [scaling_figures(run, base_runs, base_count)] if figures]
+    paired = [(run, rate(run) / base / (run["config"].world_size / base_count)) for run in runs
+              for base in [scaling_base(run, base_runs)] if base is not None]
     if not paired:  # from the medians, labelled: never a headline
         efficiency = statistics.median(map(rate, runs)) / statistics.median(map(rate, base_runs)) / (
             runs[0]["config"].world_size / base_count)

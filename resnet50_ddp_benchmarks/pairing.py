@@ -231,16 +231,6 @@ def scaling_base(run, base_runs):
     return statistics.fmean(statistics.median(rates) for rates in by_devices.values())
 
 
-def scaling_figures(run, base_runs, base_count):
-    """(speed-up, efficiency) of run against the base on its own devices, or None: speed-up T(N) / T(N_base),
-    efficiency = T(N) / (N / N_base x T(N_base))."""
-    base = scaling_base(run, base_runs)
-    if base is None:
-        return None
-    speedup = rate(run) / base
-    return speedup, speedup / (run["config"].world_size / base_count)
-
-
 def scaling_label(runs, base_runs):
     reasons = {unlike(run, base, scaling=True) for run in runs for base in base_runs}
     return ACROSS_BUILDS if ACROSS_BUILDS in reasons else ACROSS_MACHINES
