@@ -130,8 +130,7 @@ def is_harness_cost(document):
 
 def is_comparison(document):
     """A comparison file of compare.py (B against A over paired rounds), not a benchmark result."""
-    return isinstance(document, dict) and (document.get("tool") == "compare.py"
-                                           or {"ratio", "interval_95", "rounds"} <= document.keys())
+    return isinstance(document, dict) and document.get("tool") == "compare.py"
 
 
 @functools.lru_cache(maxsize=1)
