@@ -142,10 +142,10 @@ def format_status(row):
     return "ok"
 
 
-def failure_text(run):
-    """A failure's message, cut to a line's length (an OOM's names every allocator figure)."""
+def failure_note(run):
+    """A failed run's footnote: status, file and message, cut to a line (an OOM's names every allocator figure)."""
     message = run["failure"] or "no message"
-    return message if len(message) <= 150 else message[:149] + "…"
+    return f"- ✗ {run['status']} in `{run['path'].name}`: {message if len(message) <= 150 else message[:149] + '…'}"
 
 
 def noisy_notes(rows):
@@ -236,7 +236,7 @@ def all_runs_table(rows, labels):
                       range_cell(row), format_mfu(row), memory_cell(row, len(windows) > 1), counts(row["runs"]),
                       format_status(row)])
         if row["status"] != "ok":
-            failures.append(f"- ✗ {row['status']} in `{row['runs'][0]['path'].name}`: {failure_text(row['runs'][0])}")
+            failures.append(failure_note(row["runs"][0]))
     header = ["benchmark", "strategy", units, "batch mode", f"batch (img/{unit})", "global batch (img)",
               "Median throughput (img/s) (rank 0) ± MAD", "Throughput (img/s)", "range over runs (spread)", "MFU",
               memory_header("Peak memory", windows), "runs", "status"]
@@ -467,8 +467,7 @@ def sharding_table(members, base, labels=None):
                  "host ms per step", "collectives per step", "MiB per step measured (analytic)",
                  "optimizer state MiB/rank", "expected state saving MiB", memory_header("Peak memory", windows),
                  "peak saving vs ddp (MiB)", "status"])
-    failures = [f"- ✗ {run['status']} in `{run['path'].name}`: {failure_text(run)}"
-                for run in members if run["status"] != "ok"]
+    failures = [failure_note(run) for run in members if run["status"] != "ok"]
     notes = failures + noisy_notes([row_of([run], run["status"]) for run in members])
     title = wrap(f"**Sharding strategies, one launch** ({launch_title(members, base)})")
     return "\n\n".join([title, table(header, lines), *(["\n".join(notes)] if notes else [])])
