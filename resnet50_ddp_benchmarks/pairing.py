@@ -7,7 +7,7 @@ import json
 import statistics
 from collections import defaultdict, namedtuple
 
-from resnet50_ddp_benchmarks.analysis import REPOSITORY, build_of, devices_of, read_inputs, same_build
+from resnet50_ddp_benchmarks.analysis import REPOSITORY, build_of, devices_of, machine_of, read_inputs, same_build
 
 NATIVE, LIGHTNING, OSS = "ddp_resnet50.py", "lightning/ddp_resnet50.py", "oss_benchmark.py"
 # oss_benchmark.py's strategies from the plainest to the most sharded; others follow alphabetically.
@@ -76,12 +76,11 @@ def config_of(result):
     return config
 
 
-def device_name_of(config, hardware):
-    if config["device"] == "cpu":
-        return f"CPU ({hardware['cpu']})" if hardware.get("cpu") else None
-    names = sorted({rank.get("gpu_name") for rank in hardware.get("ranks") or []
-                    if isinstance(rank, dict) and isinstance(rank.get("gpu_name"), str)})
-    return " + ".join(names) or None  # None: the run failed before it looked at its hardware
+def device_name_of(result):
+    machine = machine_of(result)
+    if result["config"]["device"] == "cpu":
+        return f"CPU ({machine['cpu']})" if machine["cpu"] else None
+    return " + ".join(machine["gpu_names"]) or None  # None: the run failed before it looked at its hardware
 
 
 def options_of(config, benchmark, strategy, world_size):
@@ -103,12 +102,11 @@ def stability_of(result):
 def make_run(path, result):
     """The figures of one result that the tables use."""
     world, config = result["world"], config_of(result)
-    hardware = result.get("hardware") or {}
     throughput = result.get("throughput") or {}
     memory = result.get("memory") or {}
     efficiency = result.get("efficiency") or {}
     software = result.get("software") or {}
-    key = Config(device=config["device"], device_name=device_name_of(config, hardware), torch=software.get("torch"),
+    key = Config(device=config["device"], device_name=device_name_of(result), torch=software.get("torch"),
                  model=config.get("model") or "resnet50", image_size=config["image_size"],
                  precision=config["precision"], memory_format=config["memory_format"],
                  compile_mode=config.get("compile_mode"), optimizer=config["optimizer"], benchmark=result["benchmark"],
