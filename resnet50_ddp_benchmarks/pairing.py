@@ -83,13 +83,11 @@ def device_name_of(result):
     return " + ".join(machine["gpu_names"]) or None  # None: the run failed before it looked at its hardware
 
 
-def options_of(config, benchmark, strategy, world_size):
-    """Script-specific settings that change what the run measures, as a hashable, sorted tuple of
-    (name, JSON text)."""
-    one_rank = world_size == 1 and benchmark in (NATIVE, LIGHTNING)  # no DDP
+def options_of(config, key):
+    """Script-specific settings that change what the run of key (its Config, these aside) measures (applies), as a
+    hashable, sorted tuple of (name, JSON text)."""
     return tuple(sorted((name, json.dumps(value, sort_keys=True)) for name, value in config.items()
-                        if name not in NOT_OPTIONS and not (one_rank and name in DDP_OPTIONS)
-                        and strategy in STRATEGY_OPTIONS.get(name, (strategy,))))
+                        if name not in NOT_OPTIONS and applies(name, key)))
 
 
 def stability_of(result):
@@ -110,10 +108,10 @@ def make_run(path, result):
                  model=config.get("model") or "resnet50", image_size=config["image_size"],
                  precision=config["precision"], memory_format=config["memory_format"],
                  compile_mode=config.get("compile_mode"), optimizer=config["optimizer"], benchmark=result["benchmark"],
-                 strategy=result["strategy"],
-                 options=options_of(config, result["benchmark"], result["strategy"], world["world_size"]),
+                 strategy=result["strategy"], options=(),
                  num_nodes=world["num_nodes"], world_size=world["world_size"], batch_mode=config["batch_mode"],
                  batch_size_per_device=config["batch_size_per_device"], global_batch_size=config["global_batch_size"])
+    key = key._replace(options=options_of(config, key))
     stability = stability_of(result)
     return {"path": path, "config": key, "status": result["status"],
             "failure": (result.get("failure") or {}).get("message"),
