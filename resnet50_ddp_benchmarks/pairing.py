@@ -276,13 +276,11 @@ def row_of(runs, status):
     throughputs = [rate(run) for run in runs]
     known = [value for value in throughputs if value is not None]
     spread = (max(known) - min(known)) / statistics.median(known) if len(known) > 1 else None
-    mfus = [run["mfu"] for run in runs]
     return {"config": runs[0]["config"], "status": status, "runs": sorted(runs, key=lambda run: str(run["path"])),
             "images_per_second": median_or_none(throughputs), "spread": spread,
-            "range": (min(known), max(known)) if known else None,
             "rank0_median": median_or_none([run["rank0_median"] for run in runs]),
             "rank0_mad": median_or_none([run["rank0_mad"] for run in runs]),
-            "mfu": median_or_none(mfus),
+            "mfu": median_or_none([run["mfu"] for run in runs]),
             "memory": memory_by_window(runs), "noisy": [run for run in runs if run["noisy"]],
             "unknown_stability": [run for run in runs if run["stability"] == "unknown"],
             "step_times_ms": [t for run in runs for t in run["step_times_ms"]],
