@@ -397,13 +397,13 @@ def update_documents(sections, documents=DOCUMENTS, root=REPOSITORY):
     return EXIT_OK
 
 
-def check_documents(sections, documents=DOCUMENTS, root=REPOSITORY, fix="python report.py --docs"):
+def check_documents(sections, documents=DOCUMENTS, root=REPOSITORY):
     """EXIT_FAILED with one line naming each stale block, or EXIT_OK: every generated block is what its section
     writes now."""
     stale = [f"{document} ({', '.join(names)})"
              for document, (_, names) in regenerate_documents(sections, documents, root).items() if names]
     if stale:
-        print(f"stale generated blocks in {'; '.join(stale)}: run {fix}", file=sys.stderr)
+        print(f"stale generated blocks in {'; '.join(stale)}: run python report.py --docs", file=sys.stderr)
         return EXIT_FAILED
     print(f"every generated block of {', '.join(documents)} is current")
     return EXIT_OK
