@@ -125,24 +125,22 @@ def clear_rounds(args, output, rounds_dir):
             raise UsageError(f"--overwrite: cannot remove {path}: {error.strerror}") from None
 
 
-def student_t():
+def require_scipy():
     try:
-        from scipy import stats
+        import scipy.stats  # noqa: F401  (Student's t, in half_width_percent)
     except ImportError:
         raise UsageError("compare.py needs scipy: pip install scipy (or pip install -e '.[report]')") from None
-    return stats.t
 
 
 def summarize(ratios):
     """(geometric mean, [low, high] 95 % interval, its half-width in per cent) of the pair ratios."""
     if not ratios:
         return None, None, None
-    logs = [math.log(ratio) for ratio in ratios]
-    mean = statistics.fmean(logs)
-    if len(logs) < 2:
-        return math.exp(mean), None, None
-    half = student_t().ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(mean), [math.exp(mean - half), math.exp(mean + half)], 100 * (math.exp(half) - 1)
+    mean = math.exp(statistics.fmean(math.log(ratio) for ratio in ratios))
+    if len(ratios) < 2:
+        return mean, None, None
+    half_width = half_width_percent(ratios, len(ratios))
+    return mean, [mean / (1 + half_width / 100), mean * (1 + half_width / 100)], half_width
 
 
 def pairs_for(ratios, percent=1.0):
@@ -150,7 +148,6 @@ def pairs_for(ratios, percent=1.0):
     MIN_PAIRS; None where the spread is unknown)."""
     if len(ratios) < 2:
         return None
-    student_t()  # scipy, or one line saying so
     return next((n for n in range(MIN_PAIRS, 10_000) if half_width_percent(ratios, n) <= percent), 10_000)
 
 
@@ -345,7 +342,7 @@ def tell(comparison, output, unwritten):
 def main(argv=None):
     args = parse_arguments(argv)
     commands = {"a": parse_command(args.a, "--a"), "b": parse_command(args.b, "--b")}
-    student_t(), result_validator()  # the libraries that the statistics and the rounds' results need
+    require_scipy(), result_validator()  # the libraries that the statistics and the rounds' results need
     output, rounds_dir = output_paths(args)
     with claimed(rounds_dir, output):
         clear_rounds(args, output, rounds_dir)

@@ -45,8 +45,8 @@ from resnet50_ddp_benchmarks.analysis import (EXIT_FAILED, EXIT_OK, MIN_PAIRS, R
     UsageError, check_documents, check_writable, half_width_percent, is_number, run_cli, update_documents,
     write_atomically)
 from resnet50_ddp_benchmarks.pairing import (ACROSS_BUILDS, LIGHTNING, NATIVE, NOT_OPTIONS, OSS, RUN_FIELDS, Config,
-    aggregate, applies, common_window, launches, lightning_pairs, load_documents, load_runs, option_labels,
-    options_agree, order, paired_ratios, peak_mib, rate, row_of, rows_by_setup, scaling_figures, scaling_label,
+    aggregate, applies, common_window, launches, lightning_pairs, load_documents, option_labels,
+    options_agree, order, paired_ratios, peak_mib, rate, row_of, rows_by_setup, scaling_base, scaling_label,
     scaling_series, script_defaults, setup_of, strategy_rank, unlike)
 from resnet50_ddp_benchmarks import scaling
 
@@ -61,12 +61,7 @@ NO_PEAK = "—"  # MFU where there is no peak to divide by (the CPU, a GPU witho
 MAX_LINE = 200  # a check line's length at most
 
 
-
 # ---------------------------------------------------------------------------- Markdown
-
-def ratio_text(value):
-    return f"{value:.3f}"
-
 
 def percent_text(value):
     return f"{value * 100:.1f}"
@@ -128,7 +123,7 @@ def rank0_cell(row):
 
 def range_cell(row):
     """Throughput's range over every repeat, the flags of its ends, and its spread (max − min) / median."""
-    if row["range"] is None or len(row["runs"]) < 2:
+    if len(row["runs"]) < 2:  # several runs: an ok row, each with its throughput
         return "–"
     values = [rate(run) for run in row["runs"]]
     ends = span(values, row["runs"], lambda value: format_rate(value, like=max(values)))
@@ -147,10 +142,10 @@ def format_status(row):
     return "ok"
 
 
-def failure_text(run):
-    """A failure's message, cut to a line's length (an OOM's names every allocator figure)."""
+def failure_note(run):
+    """A failed run's footnote: status, file and message, cut to a line (an OOM's names every allocator figure)."""
     message = run["failure"] or "no message"
-    return message if len(message) <= 150 else message[:149] + "…"
+    return f"- ✗ {run['status']} in `{run['path'].name}`: {message if len(message) <= 150 else message[:149] + '…'}"
 
 
 def noisy_notes(rows):
@@ -241,7 +236,7 @@ def all_runs_table(rows, labels):
                       range_cell(row), format_mfu(row), memory_cell(row, len(windows) > 1), counts(row["runs"]),
                       format_status(row)])
         if row["status"] != "ok":
-            failures.append(f"- ✗ {row['status']} in `{row['runs'][0]['path'].name}`: {failure_text(row['runs'][0])}")
+            failures.append(failure_note(row["runs"][0]))
     header = ["benchmark", "strategy", units, "batch mode", f"batch (img/{unit})", "global batch (img)",
               "Median throughput (img/s) (rank 0) ± MAD", "Throughput (img/s)", "range over runs (spread)", "MFU",
               memory_header("Peak memory", windows), "runs", "status"]
@@ -281,7 +276,7 @@ def both(a, b):
     return {"noisy": a["noisy"] or b["noisy"], "dirty": a["dirty"] or b["dirty"]}
 
 
-def ratio_of(numerators, denominators, text=ratio_text):
+def ratio_of(numerators, denominators):
     """B / A under the pairing rules: the range over B's like-for-like runs with their counts, else the medians'
     ratio labelled (never a headline)."""
     if not numerators or not denominators:
@@ -289,9 +284,9 @@ def ratio_of(numerators, denominators, text=ratio_text):
     paired = paired_ratios(numerators, denominators)
     if not paired.values:
         median = statistics.median(map(rate, numerators)) / statistics.median(map(rate, denominators))
-        return f"{text(median)}, {paired.label}"
+        return f"{median:.3f}, {paired.label}"
     ends = [both(run, next(base for base in denominators if unlike(run, base) is None)) for run in paired.runs]
-    return f"{span(paired.values, ends, text)} ({counts(paired.runs, len(numerators) - len(paired.runs))})"
+    return f"{span(paired.values, ends, '{:.3f}'.format)} ({counts(paired.runs, len(numerators) - len(paired.runs))})"
 
 
 def scaling_of(runs, base_runs):
@@ -299,7 +294,8 @@ def scaling_of(runs, base_runs):
     if not runs or not base_runs:
         return "not measured"
     base_count = min(run["config"].world_size for run in base_runs)
-    paired = [(run, figures[1]) for run in runs for figures in [scaling_figures(run, base_runs, base_count)] if figures]
+    paired = [(run, rate(run) / base / (run["config"].world_size / base_count)) for run in runs
+              for base in [scaling_base(run, base_runs)] if base is not None]
     if not paired:  # from the medians, labelled: never a headline
         efficiency = statistics.median(map(rate, runs)) / statistics.median(map(rate, base_runs)) / (
             runs[0]["config"].world_size / base_count)
@@ -459,7 +455,7 @@ def launch_title(members, base):
     return f"`{pattern}` · {devices}, {config.batch_size_per_device} img/{unit_of(config)}"
 
 
-def sharding_table(members, base, labels=None):
+def sharding_table(members, base):
     """One oss_benchmark.py launch: every strategy against the ddp run of that launch."""
     baseline = next((run for run in members if run["config"].strategy == "ddp" and run["status"] == "ok"), None)
     with_epochs = any((run["epochs"] or {}).get("count") for run in members)
@@ -471,8 +467,7 @@ def sharding_table(members, base, labels=None):
                  "host ms per step", "collectives per step", "MiB per step measured (analytic)",
                  "optimizer state MiB/rank", "expected state saving MiB", memory_header("Peak memory", windows),
                  "peak saving vs ddp (MiB)", "status"])
-    failures = [f"- ✗ {run['status']} in `{run['path'].name}`: {failure_text(run)}"
-                for run in members if run["status"] != "ok"]
+    failures = [failure_note(run) for run in members if run["status"] != "ok"]
     notes = failures + noisy_notes([row_of([run], run["status"]) for run in members])
     title = wrap(f"**Sharding strategies, one launch** ({launch_title(members, base)})")
     return "\n\n".join([title, table(header, lines), *(["\n".join(notes)] if notes else [])])
@@ -777,7 +772,6 @@ def finished(plt, figure, axis, title):
 # ---------------------------------------------------------------------------- the one-screen answer
 
 WIDTH, SCREEN = 120, 50  # the default view's line length and line count at most
-# The documents whose generated blocks are report.py's (scaling_model.py regenerates and checks its own document).
 COMMANDS = {  # what measures a question that the results cannot answer
     "speed": "python ddp_resnet50.py --output r.json",
     "weak": "slurm/scaling_sweep.sh weak (or torchrun --nproc-per-node N)",
@@ -1099,7 +1093,7 @@ def parse_tolerance(text):
         value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
         raise UsageError(f"--tolerance {text!r}: write a percentage (5%) or a fraction (0.05)")
-    if not 0 <= value < 1 or not math.isfinite(value):
+    if not 0 <= value < 1:  # NaN and infinities too
         raise UsageError(f"--tolerance {text!r} must lie between 0 and 100 %: write 5% or 0.05")
     return value
 
@@ -1249,11 +1243,9 @@ def main(argv=None):
     runs, comparisons = load_documents(args.paths)
     if not runs and not args.markdown:  # a Markdown file may say that there are no results yet
         raise UsageError(f"no result files in {', '.join(args.paths)}")
-    checked = None
+    checked = EXIT_OK, []
     if args.check_against:  # an unusable reference ends the run before anything is written
-        reference_runs = load_runs([args.check_against], what="reference")
-        if not reference_runs:
-            raise UsageError(f"--check-against {args.check_against}: no result files")
+        reference_runs = load_documents([args.check_against], what="reference")[0]
         checked = check_against(runs, reference_runs, args.tolerance, args.check_against)
     if args.plots:
         prepare_plots(args.plots)
@@ -1268,8 +1260,6 @@ def main(argv=None):
         print(scaling.ceilings_text(args.paths), end="")  # each GPU count's ceiling where a run probed its link
     if args.plots:
         print_plots(runs, args.plots)
-    if checked is None:
-        return EXIT_OK
     for line in checked[1]:
         print(line, file=sys.stderr if line.startswith("report.py:") else sys.stdout)
     return checked[0]

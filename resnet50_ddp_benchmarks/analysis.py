@@ -130,8 +130,7 @@ def is_harness_cost(document):
 
 def is_comparison(document):
     """A comparison file of compare.py (B against A over paired rounds), not a benchmark result."""
-    return isinstance(document, dict) and (document.get("tool") == "compare.py"
-                                           or {"ratio", "interval_95", "rounds"} <= document.keys())
+    return isinstance(document, dict) and document.get("tool") == "compare.py"
 
 
 @functools.lru_cache(maxsize=1)
@@ -398,13 +397,13 @@ def update_documents(sections, documents=DOCUMENTS, root=REPOSITORY):
     return EXIT_OK
 
 
-def check_documents(sections, documents=DOCUMENTS, root=REPOSITORY, fix="python report.py --docs"):
+def check_documents(sections, documents=DOCUMENTS, root=REPOSITORY):
     """EXIT_FAILED with one line naming each stale block, or EXIT_OK: every generated block is what its section
     writes now."""
     stale = [f"{document} ({', '.join(names)})"
              for document, (_, names) in regenerate_documents(sections, documents, root).items() if names]
     if stale:
-        print(f"stale generated blocks in {'; '.join(stale)}: run {fix}", file=sys.stderr)
+        print(f"stale generated blocks in {'; '.join(stale)}: run python report.py --docs", file=sys.stderr)
         return EXIT_FAILED
     print(f"every generated block of {', '.join(documents)} is current")
     return EXIT_OK

@@ -13,10 +13,9 @@ difference, a range (`3,498–3,632`) or a number with a unit (`55 ms`, `11,360 
 """
 import ast
 import operator
-import pathlib
 import re
 
-from resnet50_ddp_benchmarks.analysis import GENERATED, REPOSITORY
+from resnet50_ddp_benchmarks.analysis import GENERATED
 
 # The documents whose measured figures are checked (docs/results.md is one generated block; docs/scaling.md and
 # docs/published/ are scaling_model.py's documents, which it checks).
@@ -114,8 +113,3 @@ def check_text(document, text):
     problems += [f"{document}:{line(start)}: {figure}: a measured figure outside a generated block (generate it, "
                  "or say it in words)" for figure, start, end in found if (figure, start, end) not in checked]
     return problems
-
-
-def check_document(document, root=REPOSITORY, text=None):
-    path = pathlib.Path(root) / document
-    return check_text(document, path.read_text(encoding="utf-8") if text is None else text)

@@ -7,7 +7,7 @@ import json
 import statistics
 from collections import defaultdict, namedtuple
 
-from resnet50_ddp_benchmarks.analysis import REPOSITORY, build_of, devices_of, read_inputs, same_build
+from resnet50_ddp_benchmarks.analysis import REPOSITORY, build_of, devices_of, machine_of, read_inputs, same_build
 
 NATIVE, LIGHTNING, OSS = "ddp_resnet50.py", "lightning/ddp_resnet50.py", "oss_benchmark.py"
 # oss_benchmark.py's strategies from the plainest to the most sharded; others follow alphabetically.
@@ -76,21 +76,18 @@ def config_of(result):
     return config
 
 
-def device_name_of(config, hardware):
-    if config["device"] == "cpu":
-        return f"CPU ({hardware['cpu']})" if hardware.get("cpu") else None
-    names = sorted({rank.get("gpu_name") for rank in hardware.get("ranks") or []
-                    if isinstance(rank, dict) and isinstance(rank.get("gpu_name"), str)})
-    return " + ".join(names) or None  # None: the run failed before it looked at its hardware
+def device_name_of(result):
+    machine = machine_of(result)
+    if result["config"]["device"] == "cpu":
+        return f"CPU ({machine['cpu']})" if machine["cpu"] else None
+    return " + ".join(machine["gpu_names"]) or None  # None: the run failed before it looked at its hardware
 
 
-def options_of(config, benchmark, strategy, world_size):
-    """Script-specific settings that change what the run measures, as a hashable, sorted tuple of
-    (name, JSON text)."""
-    one_rank = world_size == 1 and benchmark in (NATIVE, LIGHTNING)  # no DDP
+def options_of(config, key):
+    """Script-specific settings that change what the run of key (its Config, these aside) measures (applies), as a
+    hashable, sorted tuple of (name, JSON text)."""
     return tuple(sorted((name, json.dumps(value, sort_keys=True)) for name, value in config.items()
-                        if name not in NOT_OPTIONS and not (one_rank and name in DDP_OPTIONS)
-                        and strategy in STRATEGY_OPTIONS.get(name, (strategy,))))
+                        if name not in NOT_OPTIONS and applies(name, key)))
 
 
 def stability_of(result):
@@ -103,19 +100,18 @@ def stability_of(result):
 def make_run(path, result):
     """The figures of one result that the tables use."""
     world, config = result["world"], config_of(result)
-    hardware = result.get("hardware") or {}
     throughput = result.get("throughput") or {}
     memory = result.get("memory") or {}
     efficiency = result.get("efficiency") or {}
     software = result.get("software") or {}
-    key = Config(device=config["device"], device_name=device_name_of(config, hardware), torch=software.get("torch"),
+    key = Config(device=config["device"], device_name=device_name_of(result), torch=software.get("torch"),
                  model=config.get("model") or "resnet50", image_size=config["image_size"],
                  precision=config["precision"], memory_format=config["memory_format"],
                  compile_mode=config.get("compile_mode"), optimizer=config["optimizer"], benchmark=result["benchmark"],
-                 strategy=result["strategy"],
-                 options=options_of(config, result["benchmark"], result["strategy"], world["world_size"]),
+                 strategy=result["strategy"], options=(),
                  num_nodes=world["num_nodes"], world_size=world["world_size"], batch_mode=config["batch_mode"],
                  batch_size_per_device=config["batch_size_per_device"], global_batch_size=config["global_batch_size"])
+    key = key._replace(options=options_of(config, key))
     stability = stability_of(result)
     return {"path": path, "config": key, "status": result["status"],
             "failure": (result.get("failure") or {}).get("message"),
@@ -177,15 +173,11 @@ def assign_machines(runs):
     return runs
 
 
-def load_documents(paths, what="input", program="report.py"):
+def load_documents(paths, what="input"):
     """(runs, comparisons): every readable result under paths as a run, and every compare.py comparison."""
-    results, comparisons = read_inputs(paths, program, what)
+    results, comparisons = read_inputs(paths, "report.py", what)
     runs = [make_run(path, result) for path, result in results]
     return assign_machines(name_unknown_gpus(runs)), comparisons
-
-
-def load_runs(paths, what="input"):
-    return load_documents(paths, what)[0]
 
 
 # ---------------------------------------------------------------------------- pairing rules
@@ -233,16 +225,6 @@ def scaling_base(run, base_runs):
     if not partners or frozenset().union(*by_devices) != run["devices"]:
         return None
     return statistics.fmean(statistics.median(rates) for rates in by_devices.values())
-
-
-def scaling_figures(run, base_runs, base_count):
-    """(speed-up, efficiency) of run against the base on its own devices, or None: speed-up T(N) / T(N_base),
-    efficiency = T(N) / (N / N_base x T(N_base))."""
-    base = scaling_base(run, base_runs)
-    if base is None:
-        return None
-    speedup = rate(run) / base
-    return speedup, speedup / (run["config"].world_size / base_count)
 
 
 def scaling_label(runs, base_runs):
@@ -294,13 +276,11 @@ def row_of(runs, status):
     throughputs = [rate(run) for run in runs]
     known = [value for value in throughputs if value is not None]
     spread = (max(known) - min(known)) / statistics.median(known) if len(known) > 1 else None
-    mfus = [run["mfu"] for run in runs]
     return {"config": runs[0]["config"], "status": status, "runs": sorted(runs, key=lambda run: str(run["path"])),
             "images_per_second": median_or_none(throughputs), "spread": spread,
-            "range": (min(known), max(known)) if known else None,
             "rank0_median": median_or_none([run["rank0_median"] for run in runs]),
             "rank0_mad": median_or_none([run["rank0_mad"] for run in runs]),
-            "mfu": median_or_none(mfus),
+            "mfu": median_or_none([run["mfu"] for run in runs]),
             "memory": memory_by_window(runs), "noisy": [run for run in runs if run["noisy"]],
             "unknown_stability": [run for run in runs if run["stability"] == "unknown"],
             "step_times_ms": [t for run in runs for t in run["step_times_ms"]],

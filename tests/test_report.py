@@ -533,9 +533,9 @@ def test_an_option_only_a_newer_result_records_is_shown_only_where_it_tells_resu
 
 def test_report_is_deterministic_and_independent_of_input_order():
     files = sorted(FIXTURES.glob("*.json"))
-    forward = report.render_markdown(report.load_runs(files), ROOT)
-    backward = report.render_markdown(report.load_runs(files[::-1]), ROOT)
-    assert forward == backward == report.render_markdown(report.load_runs([FIXTURES]), ROOT)
+    forward = report.render_markdown(report.load_documents(files)[0], ROOT)
+    backward = report.render_markdown(report.load_documents(files[::-1])[0], ROOT)
+    assert forward == backward == report.render_markdown(report.load_documents([FIXTURES])[0], ROOT)
 
 
 def test_peak_memory_of_different_windows_is_not_pooled_and_says_its_window(tmp_path):
@@ -775,8 +775,8 @@ def test_a_mismatch_names_the_fields_that_differ_in_a_short_line(tmp_path):
     assert proc.returncode == 2
     [line] = one_error_line(proc.stderr)
     assert "batch_mode global/per_device" in line and len(line) <= 200
-    assert report.differences(*[run["config"] for run in report.load_runs(
-        [FIXTURES / "native-strong-1proc.json", FIXTURES / "native-strong-2proc.json"])]) == [
+    assert report.differences(*[run["config"] for run in report.load_documents(
+        [FIXTURES / "native-strong-1proc.json", FIXTURES / "native-strong-2proc.json"])[0]]) == [
         "world_size 1/2", "batch_size_per_device 8/4"]
 
 
@@ -811,7 +811,7 @@ def test_a_current_harness_run_finds_its_committed_reference(tmp_path, native):
     proc = run_report(path, "--check-against", campaign, "--tolerance", "2%")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert check_lines(proc)[0].startswith(f"check passed: 1 result within 2.0% of {campaign}")
-    [row] = [row for row in report.aggregate(report.load_runs([campaign, path]))
+    [row] = [row for row in report.aggregate(report.load_documents([campaign, path])[0])
              if path in [run["path"] for run in row["runs"]]]
     assert len(row["runs"]) > 1  # in the report it is one more repeat of the committed configuration
 
